@@ -1,0 +1,30 @@
+# The README's commands. `make train` and `make test` set everything up on a fresh machine.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# A CPU build where that is what the machine has; set TORCH_SPEC to taste (e.g. for CUDA wheels).
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.setup-done
+
+.PHONY: setup train test benchmark clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first and pinned: an open range with no torch installed pulls a multi-GB CUDA build.
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+train: setup
+	$(PY) -m torchbeast_hydra $(ARGS)
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+benchmark: setup
+	$(PY) benchmarks/throughput.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

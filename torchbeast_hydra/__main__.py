@@ -1,0 +1,88 @@
+"""Entry point: `python -m torchbeast_hydra [overrides]` (or `torchbeast-hydra`).
+
+Composes the config, checks it, then trains (resuming from the run dir's checkpoint) or tests.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from .checkpoint import CheckpointError
+from .config import ConfigError, Mode, register_configs, validate
+
+log = logging.getLogger("torchbeast_hydra")
+
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+register_configs()
+
+
+def write_run_info(run_dir: Path) -> None:
+    """Records what produced this run: code version and platform (never the environment: secrets)."""
+    import torch
+
+    source = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=source, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    info = dict(
+        git_commit=git("rev-parse", "HEAD") or None,
+        git_dirty=bool(git("status", "--porcelain", "--untracked-files=no")),
+        python=platform.python_version(),
+        torch=str(torch.__version__),
+        host=platform.node(),
+        argv=list(sys.argv),
+    )
+    OmegaConf.save(OmegaConf.create(info), run_dir / "run_info.yaml")
+
+
+def run(cfg: DictConfig) -> None:
+    from .envs import probe_env
+    from .models import make_model
+
+    validate(cfg)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    if Mode(cfg.mode) is Mode.test:
+        from .evaluate import evaluate
+
+        evaluate(cfg, Path(cfg.load_dir) if cfg.load_dir else run_dir)
+        return
+
+    spec = probe_env(cfg.env)  # an unknown env id fails here, before any process starts
+    make_model(cfg.model, spec)  # and so does a model that does not fit the env
+    write_run_info(run_dir)
+
+    from . import mono
+    from .training import TrainingRun
+
+    training_run = TrainingRun(cfg, run_dir, spec)
+    try:
+        mono.train(cfg, training_run)
+    finally:
+        training_run.close()
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
+def main(cfg: DictConfig) -> None:
+    try:
+        run(cfg)
+    except (ConfigError, CheckpointError) as error:
+        log.error("error: %s", error)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

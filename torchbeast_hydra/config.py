@@ -1,0 +1,204 @@
+"""Typed configuration: one dataclass per config group, registered in Hydra's ConfigStore.
+
+The YAML files under conf/ extend these schemas, so a misspelt key or a value of the wrong type
+fails when Hydra composes the config, before anything starts. `validate` adds the checks that
+types cannot express (ranges, and how values relate to each other).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work; the message says what to change."""
+
+
+class Mode(enum.Enum):
+    train = "train"
+    test = "test"
+
+
+class ModelName(enum.Enum):
+    atari_net = "atari_net"  # TorchBeast's shallow network
+    resnet = "resnet"  # the IMPALA paper's deep network
+    mlp = "mlp"  # for vector observations
+
+
+class OptimName(enum.Enum):
+    rmsprop = "rmsprop"
+    adam = "adam"
+
+
+class RewardClipping(enum.Enum):
+    abs_one = "abs_one"
+    none = "none"
+
+
+@dataclass
+class EnvConfig:
+    id: str = "ALE/Pong-v5"
+    # Atari preprocessing (grayscale frames), as TorchBeast used it; ignored for non-Atari ids.
+    noop_max: int = 30
+    frame_skip: int = 4
+    screen_size: int = 84
+    frame_stack: int = 4
+    episodic_life: bool = True  # a lost life ends the episode for learning, not for logging
+    fire_reset: bool = True  # press FIRE after reset in games that need it
+    sticky_action_prob: float = 0.0
+    full_action_space: bool = False
+    # Extra keyword arguments for gymnasium.make.
+    make_kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModelConfig:
+    name: ModelName = ModelName.atari_net
+    use_lstm: bool = False
+    # mlp only: sizes of the hidden layers.
+    hidden_sizes: List[int] = field(default_factory=lambda: [64, 64])
+
+
+@dataclass
+class VtraceConfig:
+    discounting: float = 0.99
+    baseline_cost: float = 0.5
+    entropy_cost: float = 0.0006
+    reward_clipping: RewardClipping = RewardClipping.abs_one
+    clip_rho_threshold: Optional[float] = 1.0
+    clip_pg_rho_threshold: Optional[float] = 1.0
+
+
+@dataclass
+class OptimConfig:
+    name: OptimName = OptimName.rmsprop
+    learning_rate: float = 0.00048
+    epsilon: float = 0.01
+    alpha: float = 0.99  # rmsprop smoothing constant
+    momentum: float = 0.0  # rmsprop
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # adam
+    grad_norm_clipping: float = 40.0
+    anneal_lr: bool = True  # linearly to zero at total_steps
+
+
+@dataclass
+class MonoConfig:
+    name: str = "mono"
+    num_actors: int = 4
+    envs_per_actor: int = 2  # stepped together and evaluated as one batch
+    num_buffers: Optional[int] = None  # rollout buffers in shared memory; None: enough for all
+    num_learner_threads: int = 2
+    learner_torch_threads: int = 0  # intra-op threads for the learner; 0: all cores
+    max_actor_restarts: int = 10  # a run whose actors keep dying stops with an error
+
+
+@dataclass
+class LoggerConfig:
+    log_interval_s: float = 5.0  # console progress line
+    csv: bool = True
+
+
+@dataclass
+class TestConfig:
+    num_episodes: int = 10
+    greedy: bool = True  # argmax actions; false samples from the policy
+    record_video: bool = False
+    max_episode_steps: int = 108_000  # agent steps; guards against a policy that never ends
+
+
+@dataclass
+class Config:
+    env: EnvConfig = MISSING
+    model: ModelConfig = MISSING
+    vtrace: VtraceConfig = MISSING
+    optim: OptimConfig = MISSING
+    backend: Any = MISSING
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    test: TestConfig = field(default_factory=TestConfig)
+
+    mode: Mode = Mode.train
+    seed: int = 1
+    total_steps: int = 20_000_000
+    batch_size: int = 8
+    unroll_length: int = 80
+    device: str = "auto"  # auto: cuda when available, else cpu
+    checkpoint_interval_s: float = 600.0
+    # mode=test: the training run dir whose checkpoint to load (default: this run dir).
+    load_dir: Optional[str] = None
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    cs.store(group="env", name="base_env", node=EnvConfig)
+    cs.store(group="model", name="base_model", node=ModelConfig)
+    cs.store(group="vtrace", name="base_vtrace", node=VtraceConfig)
+    cs.store(group="optim", name="base_optim", node=OptimConfig)
+    cs.store(group="backend", name="base_mono", node=MonoConfig)
+
+
+def num_buffers(cfg) -> int:
+    """Rollout buffers for mono: explicit, or enough for every env plus a batch in flight."""
+    backend = cfg.backend
+    if backend.num_buffers is not None:
+        return backend.num_buffers
+    num_envs = backend.num_actors * backend.envs_per_actor
+    return max(2 * num_envs, cfg.batch_size + num_envs)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def validate(cfg) -> None:
+    """Checks that types cannot express; raises ConfigError naming the key and a fix."""
+    _check(cfg.total_steps > 0, f"total_steps={cfg.total_steps} must be positive.")
+    _check(cfg.batch_size >= 1, f"batch_size={cfg.batch_size} must be at least 1.")
+    _check(cfg.unroll_length >= 1, f"unroll_length={cfg.unroll_length} must be at least 1.")
+    _check(cfg.checkpoint_interval_s > 0, "checkpoint_interval_s must be positive.")
+    _check(
+        cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
+        f"device={cfg.device!r}: use auto, cpu, cuda or cuda:N.",
+    )
+    _check(0.0 <= cfg.vtrace.discounting <= 1.0, "vtrace.discounting must be in [0, 1].")
+    for key in ("baseline_cost", "entropy_cost"):
+        _check(cfg.vtrace[key] >= 0, f"vtrace.{key} must be >= 0.")
+    for key in ("clip_rho_threshold", "clip_pg_rho_threshold"):
+        value = cfg.vtrace[key]
+        _check(value is None or value > 0, f"vtrace.{key} must be positive or null (no clipping).")
+    _check(cfg.optim.learning_rate > 0, f"optim.learning_rate={cfg.optim.learning_rate} must be positive.")
+    _check(cfg.optim.epsilon > 0, "optim.epsilon must be positive.")
+    _check(cfg.optim.grad_norm_clipping > 0, "optim.grad_norm_clipping must be positive.")
+    _check(len(cfg.optim.betas) == 2, "optim.betas must have two values, e.g. [0.9,0.999].")
+    _check(len(cfg.model.hidden_sizes) >= 1, "model.hidden_sizes needs at least one layer.")
+    _check(cfg.env.frame_stack >= 1 and cfg.env.frame_skip >= 1, "env.frame_stack and env.frame_skip must be >= 1.")
+    _check(0.0 <= cfg.env.sticky_action_prob <= 1.0, "env.sticky_action_prob must be in [0, 1].")
+    _check(cfg.test.num_episodes >= 1, "test.num_episodes must be at least 1.")
+    if cfg.backend.name == "mono":
+        _validate_mono(cfg)
+
+
+def _validate_mono(cfg) -> None:
+    backend = cfg.backend
+    _check(backend.num_actors >= 1, "backend.num_actors must be at least 1.")
+    _check(backend.envs_per_actor >= 1, "backend.envs_per_actor must be at least 1.")
+    _check(backend.num_learner_threads >= 1, "backend.num_learner_threads must be at least 1.")
+    buffers = num_buffers(cfg)
+    _check(
+        cfg.batch_size <= buffers,
+        f"batch_size={cfg.batch_size} is larger than backend.num_buffers={buffers}: "
+        f"raise backend.num_buffers (or leave it null) or lower batch_size.",
+    )
+    # Actors get envs_per_actor buffers at a time, while the learner may hold batch_size-1.
+    needed = cfg.batch_size + backend.envs_per_actor - 1
+    _check(
+        buffers >= needed,
+        f"backend.num_buffers={buffers} can deadlock with batch_size={cfg.batch_size}, "
+        f"backend.envs_per_actor={backend.envs_per_actor}: use at least {needed}.",
+    )

@@ -1,0 +1,210 @@
+"""Environments: any gymnasium id, with TorchBeast's Atari preprocessing for ALE games.
+
+`make_env` builds one gymnasium env. `Environments` steps a few of them in lockstep and reports
+what the actor needs each step as arrays of shape [num_envs, ...], written in place (no per-step
+allocation): frame, reward, done, episode_return, episode_step, last_action, episode_end.
+
+Two notions of "end": `done` is what learning sees (a lost life counts when episodic_life is on);
+`episode_end` marks the end of the whole game, where `episode_return` is the full game's return
+(all lives), as papers report it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+
+from .config import ConfigError, EnvConfig
+
+
+def _register_ale() -> None:
+    try:
+        import ale_py
+
+        gym.register_envs(ale_py)
+    except ImportError:  # Atari is optional for non-Atari ids
+        pass
+
+
+_register_ale()
+
+
+def is_atari(env_id: str) -> bool:
+    spec = gym.spec(env_id)
+    return isinstance(spec.entry_point, str) and spec.entry_point.startswith("ale_py")
+
+
+def _unknown_env_error(env_id: str, error: Exception) -> ConfigError:
+    close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    return ConfigError(
+        f"env.id={env_id!r} is not a registered gymnasium environment ({error}).{hint} "
+        "List ids with: python -c 'import gymnasium, ale_py; gymnasium.pprint_registry()'"
+    )
+
+
+class FireOnReset(gym.Wrapper):
+    """Presses FIRE after a reset, for games that wait for it before play starts."""
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        obs, _, terminated, truncated, info = self.env.step(1)
+        if terminated or truncated:
+            obs, info = self.env.reset(**kwargs)
+        return obs, info
+
+
+def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
+    """One gymnasium env for cfg.id; Atari ids get TorchBeast's preprocessing."""
+    try:
+        spec = gym.spec(cfg.id)
+    except gym.error.Error as error:
+        raise _unknown_env_error(cfg.id, error) from None
+    kwargs = dict(cfg.make_kwargs)
+    atari = is_atari(cfg.id)
+    if atari:
+        # Frame skipping and max-pooling happen in AtariPreprocessing, so the raw env must not skip.
+        kwargs.update(
+            frameskip=1,
+            repeat_action_probability=cfg.sticky_action_prob,
+            full_action_space=cfg.full_action_space,
+        )
+    try:
+        env = gym.make(spec, render_mode=render_mode, **kwargs)
+    except gym.error.Error as error:
+        raise ConfigError(f"could not create env.id={cfg.id!r}: {error}") from None
+    except Exception as error:  # e.g. a missing ROM or an unknown keyword
+        raise ConfigError(
+            f"could not create env.id={cfg.id!r}: {type(error).__name__}: {error}. "
+            "Check env.id and env.make_kwargs; Atari ROMs ship with ale-py>=0.9."
+        ) from None
+    if atari:
+        env = gym.wrappers.AtariPreprocessing(
+            env,
+            noop_max=cfg.noop_max,
+            frame_skip=cfg.frame_skip,
+            screen_size=cfg.screen_size,
+            terminal_on_life_loss=False,  # handled by Environments, without resetting the game
+            grayscale_obs=True,
+            scale_obs=False,  # uint8 frames: 4x less memory in buffers and on the wire
+        )
+        if cfg.fire_reset and "FIRE" in env.unwrapped.get_action_meanings():
+            env = FireOnReset(env)
+        env = gym.wrappers.FrameStackObservation(env, cfg.frame_stack)
+    return env
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What models and buffers need to know about an env."""
+
+    obs_shape: tuple
+    obs_dtype: np.dtype
+    num_actions: int
+
+
+def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
+    if not isinstance(env.action_space, gym.spaces.Discrete):
+        raise ConfigError(
+            f"env.id={env_id!r} has action space {env.action_space}; IMPALA here needs a "
+            "Discrete one. Wrap the env (e.g. discretize actions) or pick another id."
+        )
+    space = env.observation_space
+    if not isinstance(space, gym.spaces.Box):
+        raise ConfigError(
+            f"env.id={env_id!r} has observation space {space}; a Box is needed (wrap Dict/Tuple "
+            "observations, e.g. gymnasium.wrappers.FlattenObservation)."
+        )
+    return EnvSpec(tuple(space.shape), np.dtype(space.dtype), int(env.action_space.n))
+
+
+def probe_env(cfg: EnvConfig) -> EnvSpec:
+    """Builds the env once, to fail early on a bad id and to learn its spaces."""
+    env = make_env(cfg)
+    try:
+        return env_spec(env, cfg.id)
+    finally:
+        env.close()
+
+
+class Environments:
+    """A few envs stepped in lockstep; outputs are preallocated arrays [num_envs, ...]."""
+
+    def __init__(self, cfg: EnvConfig, num_envs: int, seed: int, episodic_life: bool):
+        self.envs = [make_env(cfg) for _ in range(num_envs)]
+        self.spec = env_spec(self.envs[0], cfg.id)
+        self.seeds = [seed + i for i in range(num_envs)]
+        self.episodic_life = episodic_life and is_atari(cfg.id)
+        self.fire_after_life_loss = (
+            self.episodic_life
+            and cfg.fire_reset
+            and "FIRE" in self.envs[0].unwrapped.get_action_meanings()
+        )
+        n = num_envs
+        self.out = {
+            "frame": np.zeros((n, *self.spec.obs_shape), self.spec.obs_dtype),
+            "reward": np.zeros(n, np.float32),
+            "done": np.ones(n, bool),
+            "episode_return": np.zeros(n, np.float32),
+            "episode_step": np.zeros(n, np.int32),
+            "last_action": np.zeros(n, np.int64),
+            "episode_end": np.zeros(n, bool),
+        }
+        self._return = np.zeros(n, np.float32)
+        self._steps = np.zeros(n, np.int32)
+        self._lives = np.zeros(n, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.envs)
+
+    def initial(self) -> dict:
+        for i, env in enumerate(self.envs):
+            obs, _ = env.reset(seed=self.seeds[i])
+            self.out["frame"][i] = obs
+            self._lives[i] = self._read_lives(env)
+        self.out["done"][:] = True  # the first step starts an episode, like any reset
+        return self.out
+
+    def step(self, actions: np.ndarray) -> dict:
+        out = self.out
+        out["last_action"][:] = actions
+        for i, env in enumerate(self.envs):
+            action = int(actions[i])
+            obs, reward, terminated, truncated, _ = env.step(action)
+            self._return[i] += reward
+            self._steps[i] += 1
+            game_over = terminated or truncated
+            life_lost = False
+            if self.episodic_life and not game_over:
+                lives = self._read_lives(env)
+                life_lost = lives < self._lives[i]
+                self._lives[i] = lives
+                if life_lost and self.fire_after_life_loss:
+                    obs, extra, terminated, truncated, _ = env.step(1)
+                    self._return[i] += extra
+                    reward += extra
+                    game_over = terminated or truncated
+            out["reward"][i] = reward
+            out["done"][i] = game_over or life_lost
+            out["episode_end"][i] = game_over
+            out["episode_return"][i] = self._return[i]
+            out["episode_step"][i] = self._steps[i]
+            if game_over:
+                obs, _ = env.reset()
+                self._lives[i] = self._read_lives(env)
+                self._return[i] = 0.0
+                self._steps[i] = 0
+            out["frame"][i] = obs
+        return out
+
+    @staticmethod
+    def _read_lives(env: gym.Env) -> int:
+        ale = getattr(env.unwrapped, "ale", None)
+        return ale.lives() if ale is not None else 0
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()

@@ -1,0 +1,135 @@
+"""Training statistics: logs.csv (one row per learner update) and the console progress line."""
+
+from __future__ import annotations
+
+import collections
+import csv
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CSV_FIELDS = [
+    "step",
+    "time_s",
+    "sps",
+    "mean_episode_return",
+    "episode_returns",
+    "episodes",
+    "total_loss",
+    "pg_loss",
+    "baseline_loss",
+    "entropy_loss",
+    "grad_norm",
+    "learning_rate",
+    "free_queue_size",
+    "full_queue_size",
+]
+
+
+class CsvLog:
+    """Appends rows to logs.csv; on resume, drops rows past the checkpoint so none repeat."""
+
+    def __init__(self, path: str | os.PathLike, resume_step: int | None, fields=CSV_FIELDS):
+        self.path = Path(path)
+        self.fields = list(fields)
+        if resume_step is not None and self.path.exists():
+            self._truncate_after(resume_step)
+        new_file = not self.path.exists() or self.path.stat().st_size == 0
+        self._file = open(self.path, "a", newline="")
+        self._writer = csv.DictWriter(self._file, self.fields, extrasaction="ignore")
+        if new_file:
+            self._writer.writeheader()
+            self._file.flush()
+
+    def _truncate_after(self, step: int) -> None:
+        with open(self.path, newline="") as f:
+            rows = [row for row in csv.DictReader(f) if _int(row.get("step")) <= step]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, self.fields, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(tmp, self.path)
+
+    def write(self, row: dict) -> None:
+        self._writer.writerow(row)
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _int(value) -> int:
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return math.inf  # a torn last line: drop it
+
+
+class Stats:
+    """Folds learner updates into CSV rows and keeps recent returns for the progress line."""
+
+    def __init__(self, start_step: int, total_steps: int, csv_log: CsvLog | None):
+        self.step = start_step
+        self.total_steps = total_steps
+        self.csv_log = csv_log
+        self.recent_returns = collections.deque(maxlen=100)
+        self.episodes = 0
+        self.last = {}
+        self._start_time = time.monotonic()
+        self._sps_window = collections.deque(maxlen=50)  # (time, step) pairs for a smoothed SPS
+        self._sps_window.append((self._start_time, start_step))
+
+    def record(self, steps: int, episode_returns: list, update_stats: dict, queues: dict) -> dict:
+        now = time.monotonic()
+        self.step += steps
+        self._sps_window.append((now, self.step))
+        self.recent_returns.extend(episode_returns)
+        self.episodes += len(episode_returns)
+        row = dict(
+            step=self.step,
+            time_s=round(now - self._start_time, 3),
+            sps=round(self.sps, 2),
+            mean_episode_return=(sum(episode_returns) / len(episode_returns)) if episode_returns else "",
+            episode_returns=json.dumps(episode_returns),
+            episodes=self.episodes,
+            **update_stats,
+            **queues,
+        )
+        self.last = row
+        if self.csv_log is not None:
+            self.csv_log.write(row)
+        return row
+
+    @property
+    def sps(self) -> float:
+        (t0, s0), (t1, s1) = self._sps_window[0], self._sps_window[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+
+    @property
+    def mean_recent_return(self) -> float | None:
+        return sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else None
+
+    def progress_line(self) -> str:
+        sps = self.sps
+        remaining = max(0, self.total_steps - self.step)
+        eta = _duration(remaining / sps) if sps > 0 else "?"
+        mean = self.mean_recent_return
+        returns = f"{mean:.2f} over last {len(self.recent_returns)} episodes" if mean is not None else "n/a"
+        loss = self.last.get("total_loss")
+        loss_text = f" loss {loss:.3f}" if isinstance(loss, float) else ""
+        return (
+            f"step {self.step:,}/{self.total_steps:,} ({100 * self.step / self.total_steps:.1f}%) "
+            f"@ {sps:.0f} SPS, ETA {eta}. Return {returns}.{loss_text}"
+        )
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"

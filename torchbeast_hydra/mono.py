@@ -1,0 +1,338 @@
+"""MonoBeast: actor processes + shared-memory rollout buffers + learner threads, on one machine.
+
+Each actor process steps `envs_per_actor` envs in lockstep and evaluates a CPU copy of the policy
+(shared memory, updated in place by the learner) on all of them as one batch. It writes each env's
+unroll straight into a shared buffer [T+1, ...] and tells the learner which buffers are full.
+
+Buffers are handed out by a `BufferPool` in the learner process over one pipe per actor, rather
+than through queues shared by all actors: an actor killed mid-operation then cannot leave a
+cross-process lock held, and the buffers it held are known exactly and reclaimed when it is
+replaced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from multiprocessing import connection
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+from omegaconf import OmegaConf
+
+from .config import num_buffers
+from .envs import Environments, EnvSpec
+from .models import make_model
+from .training import StopOnSignals, TrainingRun
+
+log = logging.getLogger(__name__)
+
+ENV_KEYS = ("frame", "reward", "done", "episode_return", "episode_step", "last_action", "episode_end")
+AGENT_KEYS = ("action", "policy_logits", "baseline")
+
+
+def rollout_specs(spec: EnvSpec) -> dict:
+    """The rollout layout shared by both backends: key -> (per-step shape, dtype)."""
+    return dict(
+        frame=(spec.obs_shape, torch.from_numpy(np.zeros(0, spec.obs_dtype)).dtype),
+        reward=((), torch.float32),
+        done=((), torch.bool),
+        episode_return=((), torch.float32),
+        episode_step=((), torch.int32),
+        last_action=((), torch.int64),
+        episode_end=((), torch.bool),
+        action=((), torch.int64),
+        policy_logits=((spec.num_actions,), torch.float32),
+        baseline=((), torch.float32),
+        mask=((), torch.bool),
+    )
+
+
+def create_buffers(spec: EnvSpec, unroll_length: int, count: int) -> dict:
+    """Shared-memory tensors [T+1, count, ...]: indexing dim 1 gathers a time-major batch."""
+    buffers = {}
+    for key, (shape, dtype) in rollout_specs(spec).items():
+        buffers[key] = torch.zeros((unroll_length + 1, count, *shape), dtype=dtype).share_memory_()
+    buffers["mask"].fill_(True)  # mono unrolls are always complete
+    return buffers
+
+
+def create_state_buffers(model, count: int) -> tuple:
+    """The core state at the start of each buffer's unroll (empty without an LSTM)."""
+    return tuple(torch.zeros_like(s).repeat(1, count, 1).share_memory_() for s in model.initial_state(1))
+
+
+def _encode(indices) -> bytes:
+    return np.asarray(indices, np.int32).tobytes()
+
+
+def _decode(message: bytes) -> list:
+    return np.frombuffer(message, np.int32).tolist()
+
+
+class BufferPool:
+    """Hands out free buffers to actors (k at a time) and collects full ones for the learner."""
+
+    def __init__(self, count: int, per_actor: int):
+        self.per_actor = per_actor
+        self.free = list(range(count))
+        self.full = queue.Queue()
+        self.granted = {}  # actor index -> buffer indices it is filling
+        self.waiting = []  # actors waiting for a grant
+        self.conns = {}  # actor index -> learner end of its pipe
+        self._lock = threading.Lock()
+
+    def add_actor(self, index: int, conn) -> None:
+        with self._lock:
+            self.conns[index] = conn
+            self.waiting.append(index)
+            self._grant()
+
+    def remove_actor(self, index: int) -> None:
+        """Forget a dead actor and reclaim the buffers it was filling."""
+        with self._lock:
+            self.free.extend(self.granted.pop(index, []))
+            if index in self.waiting:
+                self.waiting.remove(index)
+            conn = self.conns.pop(index, None)
+            if conn is not None:
+                conn.close()
+            self._grant()
+
+    def release(self, indices) -> None:
+        """The learner has copied these buffers: they can be filled again."""
+        with self._lock:
+            self.free.extend(indices)
+            self._grant()
+
+    def receive(self, timeout: float) -> list:
+        """Waits for actors' messages; queues full buffers. Returns actors whose pipe broke."""
+        broken = []
+        for conn in connection.wait(list(self.conns.values()), timeout):
+            index = next(i for i, c in self.conns.items() if c is conn)
+            try:
+                indices = _decode(conn.recv_bytes())
+            except (EOFError, OSError):
+                broken.append(index)
+                continue
+            with self._lock:
+                self.granted.pop(index, None)
+                self.waiting.append(index)
+                self._grant()
+            for i in indices:
+                self.full.put(i)
+        return broken
+
+    def _grant(self) -> None:
+        while self.waiting and len(self.free) >= self.per_actor:
+            index = self.waiting.pop(0)
+            grant, self.free = self.free[: self.per_actor], self.free[self.per_actor :]
+            try:
+                self.conns[index].send_bytes(_encode(grant))
+            except (BrokenPipeError, OSError):
+                self.free.extend(grant)  # the supervisor will notice the dead actor
+                continue
+            self.granted[index] = grant
+
+    def stop_actors(self) -> None:
+        with self._lock:
+            for conn in self.conns.values():
+                try:
+                    conn.send_bytes(b"")  # an empty grant means: exit
+                except (BrokenPipeError, OSError):
+                    pass
+
+
+def actor_main(index, env_cfg, num_envs, seed, unroll_length, model, buffers, state_buffers, conn):
+    """An actor process: fill the granted buffers with unrolls until told to stop."""
+    torch.set_num_threads(1)  # one core-sized slice each; the learner gets the rest
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the learner, which stops us
+    torch.manual_seed(seed)
+    envs = Environments(env_cfg, num_envs, seed=seed, episodic_life=env_cfg.episodic_life)
+    try:
+        _act(envs, unroll_length, model, buffers, state_buffers, conn)
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        pass  # the learner is gone or stopping
+    finally:
+        envs.close()
+
+
+def _act(envs, unroll_length, model, buffers, state_buffers, conn) -> None:
+    # Tensor views of the envs' output arrays, which Environments updates in place.
+    env_output = {key: torch.from_numpy(array).unsqueeze(0) for key, array in envs.initial().items()}
+    core_state = model.initial_state(len(envs))
+    with torch.no_grad():
+        agent_output, _ = model(env_output, core_state)
+    agent_output = {key: torch.zeros_like(value) for key, value in agent_output.items()}
+
+    def write_row(t: int, idx: torch.Tensor) -> None:
+        for key in ENV_KEYS:
+            buffers[key][t, idx] = env_output[key][0]
+        for key in AGENT_KEYS:
+            buffers[key][t, idx] = agent_output[key][0]
+
+    while True:
+        message = conn.recv_bytes()
+        if not message:
+            return
+        idx = torch.tensor(_decode(message))
+        write_row(0, idx)
+        for buffer, state in zip(state_buffers, core_state):
+            buffer[:, idx] = state
+        for t in range(1, unroll_length + 1):
+            with torch.no_grad():
+                agent_output, core_state = model(env_output, core_state)
+            envs.step(agent_output["action"][0].numpy())
+            write_row(t, idx)
+        conn.send_bytes(_encode(idx.tolist()))
+
+
+class MonoBeast:
+    """Runs a TrainingRun with actor processes feeding learner threads."""
+
+    def __init__(self, cfg, run: TrainingRun):
+        self.cfg = cfg
+        self.run = run
+        backend = cfg.backend
+        self.ctx = mp.get_context("spawn")  # no fork: the learner process has threads running
+        self.actor_model = make_model(cfg.model, run.spec).share_memory()
+        self.actor_model.eval()
+        self._sync_weights()
+        count = num_buffers(cfg)
+        self.buffers = create_buffers(run.spec, cfg.unroll_length, count)
+        self.state_buffers = create_state_buffers(self.actor_model, count)
+        self.pool = BufferPool(count, backend.envs_per_actor)
+        self.env_cfg = OmegaConf.to_object(cfg.env)
+        self.actors = {}
+        self.restarts = 0
+        self._batch_lock = threading.Lock()
+        self._errors = []
+
+    def _sync_weights(self) -> None:
+        with torch.no_grad():
+            for target, source in zip(self.actor_model.state_dict().values(),
+                                      self.run.learner.model.state_dict().values()):
+                target.copy_(source)
+
+    def _start_actor(self, index: int) -> None:
+        backend = self.cfg.backend
+        learner_end, actor_end = self.ctx.Pipe()
+        # Distinct env seeds per actor and per restart, derived from the run's seed.
+        seed = self.cfg.seed * 1_000_003 + (self.restarts * backend.num_actors + index) * backend.envs_per_actor
+        process = self.ctx.Process(
+            target=actor_main,
+            name=f"actor-{index}",
+            args=(index, self.env_cfg, backend.envs_per_actor, seed, self.cfg.unroll_length,
+                  self.actor_model, self.buffers, self.state_buffers, actor_end),
+            daemon=True,
+        )
+        process.start()
+        actor_end.close()
+        self.actors[index] = process
+        self.pool.add_actor(index, learner_end)
+
+    def _supervise(self, broken: list) -> None:
+        """Replaces actors that died; gives up when they keep dying."""
+        for index, process in list(self.actors.items()):
+            if process.is_alive() and index not in broken:
+                continue
+            process.join(timeout=1.0)
+            if process.is_alive():  # its pipe broke but it lingers: end it
+                process.kill()
+                process.join()
+            self.pool.remove_actor(index)
+            self.restarts += 1
+            log.error("Actor %d (pid %s) died with exit code %s; starting a replacement (%d/%d).",
+                      index, process.pid, process.exitcode, self.restarts, self.cfg.backend.max_actor_restarts)
+            if self.restarts > self.cfg.backend.max_actor_restarts:
+                raise RuntimeError(
+                    f"actors died {self.restarts} times (last exit code {process.exitcode}); see the log "
+                    "above for the cause. Raise backend.max_actor_restarts if crashes are expected."
+                )
+            self._start_actor(index)
+
+    def _get_batch(self):
+        """B full buffers copied out (to the learner's device); None when the run is done."""
+        indices = []
+        with self._batch_lock:
+            while len(indices) < self.cfg.batch_size:
+                if self.run.done:
+                    self.pool.release(indices)
+                    return None
+                try:
+                    indices.append(self.pool.full.get(timeout=0.2))
+                except queue.Empty:
+                    continue
+        idx = torch.tensor(indices)
+        batch = {key: buffer[:, idx] for key, buffer in self.buffers.items()}
+        core_state = tuple(buffer[:, idx] for buffer in self.state_buffers)
+        self.pool.release(indices)
+        device = self.run.device
+        non_blocking = device.type == "cuda"
+        if non_blocking:
+            batch = {key: value.pin_memory().to(device, non_blocking=True) for key, value in batch.items()}
+            core_state = tuple(s.to(device, non_blocking=True) for s in core_state)
+        return batch, core_state
+
+    def _learn(self) -> None:
+        try:
+            while not self.run.done:
+                got = self._get_batch()
+                if got is None:
+                    return
+                queues = dict(free_queue_size=len(self.pool.free), full_queue_size=self.pool.full.qsize())
+                self.run.update(*got, queues)
+                with self.run.lock:
+                    self._sync_weights()
+        except BaseException as error:  # surfaced by the main thread
+            self._errors.append(error)
+            self.run.stop_requested.set()
+
+    def train(self) -> None:
+        cfg, run = self.cfg, self.run
+        threads_per_learner = cfg.backend.learner_torch_threads or os.cpu_count()
+        torch.set_num_threads(threads_per_learner)
+        learner_threads = []
+        with StopOnSignals(run.stop_requested):
+            try:
+                for index in range(cfg.backend.num_actors):
+                    self._start_actor(index)
+                for i in range(cfg.backend.num_learner_threads):
+                    thread = threading.Thread(target=self._learn, name=f"learner-{i}", daemon=True)
+                    thread.start()
+                    learner_threads.append(thread)
+                last_log = time.monotonic()
+                while not run.done:
+                    broken = self.pool.receive(timeout=0.2)
+                    self._supervise(broken)
+                    if time.monotonic() - last_log >= cfg.logger.log_interval_s:
+                        log.info(run.stats.progress_line())
+                        last_log = time.monotonic()
+                    run.maybe_checkpoint()
+            finally:
+                run.stop_requested.set()
+                for thread in learner_threads:
+                    thread.join()
+                self._stop_actors()
+                run.save_checkpoint()  # the learner's last consistent state, whatever stopped us
+            if self._errors:
+                raise self._errors[0]
+        log.info("Finished: %s", run.stats.progress_line())
+
+    def _stop_actors(self) -> None:
+        self.pool.stop_actors()
+        deadline = time.monotonic() + 5.0
+        for process in self.actors.values():
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+def train(cfg, run: TrainingRun) -> None:
+    MonoBeast(cfg, run).train()

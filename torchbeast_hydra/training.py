@@ -1,0 +1,132 @@
+"""What every backend's training run shares: the learner, resume, checkpoints, stats, stopping.
+
+A backend produces rollouts and calls `TrainingRun.update` with each batch; this module owns the
+run dir's state, so mono and poly resume, log and checkpoint identically.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from . import checkpoint
+from .envs import EnvSpec
+from .learner import Learner
+from .metrics import CsvLog, Stats
+from .models import make_model
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device={name} but CUDA is not available here: use device=auto or cpu.")
+    return device
+
+
+class TrainingRun:
+    """The learner plus the run dir's state: resumes on start, checkpoints on a timer and at exit."""
+
+    def __init__(self, cfg, run_dir: str | Path, spec: EnvSpec):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.spec = spec
+        self.device = resolve_device(cfg.device)
+        self.learner = Learner(cfg, make_model(cfg.model, spec), self.device)
+        self.lock = threading.Lock()  # guards the learner and stats between updates and saves
+        self.stop_requested = threading.Event()
+
+        self.checkpoint_path = checkpoint.path_in(self.run_dir)
+        start_step, episodes = 0, 0
+        if self.checkpoint_path.exists():
+            state = checkpoint.load(self.checkpoint_path, map_location=self.device)
+            self._check_compatible(state)
+            self.learner.load_state_dict(state["learner"])
+            checkpoint.set_rng_state(state["rng"])
+            start_step, episodes = state["step"], state["stats"]["episodes"]
+            log.info("Resuming from %s at step %d.", self.checkpoint_path, start_step)
+        else:
+            torch.manual_seed(cfg.seed)
+        self.resumed = start_step > 0
+        csv_log = CsvLog(self.run_dir / "logs.csv", resume_step=start_step) if cfg.logger.csv else None
+        self.stats = Stats(start_step, cfg.total_steps, csv_log)
+        self.stats.episodes = episodes
+        self._last_save = time.monotonic()
+
+    def _check_compatible(self, state: dict) -> None:
+        saved = state.get("config", {})
+        current = OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True)
+        for group in ("env", "model"):
+            if saved.get(group) != current[group]:
+                raise checkpoint.CheckpointError(
+                    f"{self.checkpoint_path} was trained with {group}={saved.get(group)}, but this run "
+                    f"asks for {group}={current[group]}. Resume with the original config, or start "
+                    "in a new run dir."
+                )
+
+    @property
+    def done(self) -> bool:
+        return self.stats.step >= self.cfg.total_steps or self.stop_requested.is_set()
+
+    def update(self, batch: dict, initial_core_state: tuple, queues: dict) -> dict:
+        """One learner update on a batch [T+1, B, ...]; logs its row. Thread-safe."""
+        steps = self.cfg.unroll_length * self.cfg.batch_size
+        ends = batch["episode_end"][1:] & batch["mask"][1:]
+        episode_returns = batch["episode_return"][1:][ends].tolist()
+        with self.lock:
+            update_stats = self.learner.update(batch, initial_core_state)
+            return self.stats.record(steps, episode_returns, update_stats, queues)
+
+    def maybe_checkpoint(self) -> None:
+        if time.monotonic() - self._last_save >= self.cfg.checkpoint_interval_s:
+            self.save_checkpoint()
+
+    def save_checkpoint(self) -> None:
+        with self.lock:
+            state = dict(
+                learner=self.learner.state_dict(),
+                step=self.stats.step,
+                stats=dict(episodes=self.stats.episodes),
+                rng=checkpoint.rng_state(),
+                config=OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True),
+            )
+            checkpoint.save(self.checkpoint_path, state)
+        self._last_save = time.monotonic()
+        log.info("Saved checkpoint at step %d to %s.", self.stats.step, self.checkpoint_path)
+
+    def close(self) -> None:
+        if self.stats.csv_log is not None:
+            self.stats.csv_log.close()
+
+
+class StopOnSignals:
+    """SIGINT/SIGTERM ask the run to stop cleanly (checkpoint, no orphans); a second SIGINT aborts."""
+
+    def __init__(self, stop: threading.Event):
+        self.stop = stop
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        log.warning("Received %s: stopping after the current update and saving a checkpoint.",
+                    signal.Signals(signum).name)
+        self.stop.set()
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
