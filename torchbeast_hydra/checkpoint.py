@@ -8,9 +8,7 @@ crash can never leave a run without a loadable one.
 from __future__ import annotations
 
 import os
-import pickle
 import random
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -80,7 +78,7 @@ def load(path: str | os.PathLike, map_location="cpu") -> dict:
     try:
         # weights_only: a checkpoint is data, and loading it must never run code.
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except (RuntimeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError, ValueError) as error:
+    except Exception as error:  # any failure to read it back means the file cannot be trusted
         previous = path.with_name(PREVIOUS)
         fallback = (
             f" The previous checkpoint {previous} may be intact: move {path.name} aside and rename "

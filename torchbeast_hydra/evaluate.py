@@ -40,7 +40,7 @@ def evaluate(cfg, run_dir: Path) -> dict:
     started = time.monotonic()
     while len(returns) < cfg.test.num_episodes:
         with torch.no_grad():
-            agent_output, core_state = model(env_output, core_state, greedy=cfg.test.greedy)
+            agent_output, core_state = model(env_output, core_state, action="greedy" if cfg.test.greedy else "sample")
         envs.step(agent_output["action"][0].numpy())
         steps += 1
         timed_out = steps >= cfg.test.max_episode_steps

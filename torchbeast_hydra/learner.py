@@ -106,7 +106,7 @@ class Learner:
     def update(self, batch: dict, initial_core_state: tuple) -> dict:
         """One optimisation step; returns floats for logging. Non-finite updates are skipped."""
         self.model.train()
-        outputs, _ = self.model(batch, initial_core_state)
+        outputs, _ = self.model(batch, initial_core_state, action="none")
         losses = compute_losses(self.cfg.vtrace, batch, outputs)
         self.optimizer.zero_grad(set_to_none=True)
         losses["total_loss"].backward()

@@ -1,7 +1,7 @@
 """Policies: a body that turns observations into features, then a shared actor-critic core.
 
 Every model takes time-major inputs [T, B, ...] (frame, reward, done, last_action) and returns
-policy_logits [T, B, A], baseline [T, B] and action [T, B]. The core appends the one-hot last
+policy_logits [T, B, A], baseline [T, B] and (unless asked not to) action [T, B]. The core appends the one-hot last
 action and the clipped reward to the features and, with use_lstm, runs an LSTM whose state is
 zeroed at episode boundaries (done). To try a new architecture, write a body.
 """
@@ -115,7 +115,8 @@ class ActorCritic(nn.Module):
         shape = (self.lstm.num_layers, batch_size, self.lstm.hidden_size)
         return (torch.zeros(shape), torch.zeros(shape))
 
-    def forward(self, inputs: dict, core_state: tuple = (), greedy: bool = False):
+    def forward(self, inputs: dict, core_state: tuple = (), action: str = "sample"):
+        """action: "sample" from the policy, "greedy" (argmax), or "none" (the learner's pass)."""
         frame = inputs["frame"]
         T, B = frame.shape[:2]
         features = self.body(frame.flatten(0, 1))
@@ -129,15 +130,11 @@ class ActorCritic(nn.Module):
             core_output = core_input
         policy_logits = self.policy(core_output)
         baseline = self.baseline(core_output)
-        if greedy:
-            action = policy_logits.argmax(dim=-1)
-        else:
-            action = torch.multinomial(F.softmax(policy_logits, dim=-1), num_samples=1)
-        outputs = dict(
-            policy_logits=policy_logits.view(T, B, self.num_actions),
-            baseline=baseline.view(T, B),
-            action=action.view(T, B),
-        )
+        outputs = dict(policy_logits=policy_logits.view(T, B, self.num_actions), baseline=baseline.view(T, B))
+        if action == "greedy":
+            outputs["action"] = policy_logits.argmax(dim=-1).view(T, B)
+        elif action == "sample":
+            outputs["action"] = torch.multinomial(F.softmax(policy_logits, dim=-1), 1).view(T, B)
         return outputs, core_state
 
     def _lstm(self, core_input: torch.Tensor, done: torch.Tensor, core_state: tuple):

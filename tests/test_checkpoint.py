@@ -1,0 +1,76 @@
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from torchbeast_hydra import checkpoint
+from torchbeast_hydra.checkpoint import CheckpointError
+
+
+def state(step):
+    return dict(learner=dict(model={"w": torch.full((3,), float(step))}), step=step,
+                stats=dict(episodes=step), rng=checkpoint.rng_state(), config={})
+
+
+def test_round_trip_and_previous_kept(tmp_path):
+    path = checkpoint.path_in(tmp_path)
+    checkpoint.save(path, state(1))
+    checkpoint.save(path, state(2))
+    assert checkpoint.load(path)["step"] == 2
+    assert checkpoint.load(tmp_path / checkpoint.PREVIOUS)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp files
+
+
+def test_rng_state_round_trip():
+    saved = checkpoint.rng_state()
+    expected = (torch.rand(3), np.random.rand(3), random.random())
+    checkpoint.set_rng_state(saved)
+    assert torch.equal(torch.rand(3), expected[0])
+    assert np.array_equal(np.random.rand(3), expected[1])
+    assert random.random() == expected[2]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_corrupt_checkpoint_names_the_file_and_the_fallback(tmp_path, damage):
+    path = checkpoint.path_in(tmp_path)
+    checkpoint.save(path, state(1))
+    checkpoint.save(path, state(2))
+    data = path.read_bytes()
+    path.write_bytes({"truncate": data[: len(data) // 2], "garbage": b"\x00garbage" * 100, "empty": b""}[damage])
+    with pytest.raises(CheckpointError) as error:
+        checkpoint.load(path)
+    assert str(path) in str(error.value) and checkpoint.PREVIOUS in str(error.value)
+    assert checkpoint.load(tmp_path / checkpoint.PREVIOUS)["step"] == 1
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        checkpoint.load(checkpoint.path_in(tmp_path))
+
+
+def test_checkpoint_never_runs_code(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    path = checkpoint.path_in(tmp_path)
+    torch.save(dict(format_version=checkpoint.FORMAT_VERSION, evil=Evil()), path)
+    with pytest.raises(CheckpointError, match="corrupt"):
+        checkpoint.load(path)
+
+
+def test_failed_write_leaves_the_old_checkpoint(tmp_path, monkeypatch):
+    path = checkpoint.path_in(tmp_path)
+    checkpoint.save(path, state(1))
+
+    def failing_save(obj, f):
+        f.write(b"partial")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(torch, "save", failing_save)
+    with pytest.raises(OSError):
+        checkpoint.save(path, state(2))
+    monkeypatch.undo()
+    assert checkpoint.load(path)["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [checkpoint.FILENAME]

@@ -1,0 +1,98 @@
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+from torchbeast_hydra.config import ConfigError, ModelName, OptimName, num_buffers, validate
+
+from conftest import compose_config, run_cli
+
+
+def test_defaults_follow_monobeast():
+    cfg = compose_config()
+    validate(cfg)
+    assert cfg.env.id == "ALE/Pong-v5"
+    assert cfg.model.name is ModelName.atari_net and not cfg.model.use_lstm
+    assert (cfg.backend.name, cfg.backend.num_actors, cfg.batch_size, cfg.unroll_length) == ("mono", 4, 8, 80)
+    assert cfg.optim.name is OptimName.rmsprop
+    assert (cfg.optim.learning_rate, cfg.optim.epsilon, cfg.optim.alpha) == (0.00048, 0.01, 0.99)
+    assert (cfg.vtrace.entropy_cost, cfg.vtrace.baseline_cost, cfg.vtrace.discounting) == (0.0006, 0.5, 0.99)
+    assert cfg.optim.grad_norm_clipping == 40
+    assert cfg.env.sticky_action_prob == 0.0 and cfg.env.noop_max == 30
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["experiment=impala_atari"], dict(batch_size=32, unroll_length=20)),
+    (["experiment=beefy"], dict(batch_size=4, unroll_length=80)),
+    (["experiment=cartpole"], dict(total_steps=500_000)),
+])
+def test_experiment_presets_override_defaults(overrides, expected):
+    cfg = compose_config(overrides)
+    validate(cfg)
+    for key, value in expected.items():
+        assert cfg[key] == value
+
+
+def test_impala_preset_uses_deep_lstm_net():
+    cfg = compose_config(["experiment=impala_atari"])
+    assert cfg.model.name is ModelName.resnet and cfg.model.use_lstm
+    assert cfg.vtrace.entropy_cost == 0.01
+
+
+@pytest.mark.parametrize("env", ["pong", "breakout", "space_invaders", "seaquest", "qbert",
+                                 "beam_rider", "ms_pacman", "cartpole"])
+def test_every_env_preset_names_a_registered_env(env):
+    import gymnasium as gym
+
+    import torchbeast_hydra.envs  # noqa: F401  (registers the ALE ids)
+
+    cfg = compose_config([f"env={env}"])
+    gym.spec(cfg.env.id)
+
+
+@pytest.mark.parametrize("override", ["unroll_lenght=5", "env.idd=CartPole-v1", "optim.lr=0.1"])
+def test_unknown_keys_fail_at_composition(override):
+    with pytest.raises(ConfigCompositionException):
+        compose_config([override])
+
+
+@pytest.mark.parametrize("override", ["batch_size=abc", "model.name=transformer", "optim.name=sgd",
+                                      "model.use_lstm=maybe", "seed=1.5"])
+def test_wrong_types_fail_at_composition(override):
+    with pytest.raises((ConfigCompositionException, ValidationError)):
+        compose_config([override])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["unroll_length=0"], "unroll_length"),
+    (["batch_size=0"], "batch_size"),
+    (["total_steps=-5"], "total_steps"),
+    (["optim.learning_rate=-0.1"], "learning_rate"),
+    (["vtrace.discounting=1.5"], "discounting"),
+    (["device=tpu"], "device"),
+    (["batch_size=64", "backend.num_buffers=16"], "larger than backend.num_buffers"),
+    (["batch_size=8", "backend.num_buffers=9", "backend.envs_per_actor=4"], "deadlock"),
+])
+def test_out_of_range_values_fail_validation(overrides, message):
+    cfg = compose_config(overrides)
+    with pytest.raises(ConfigError, match=message):
+        validate(cfg)
+
+
+def test_default_buffers_hold_every_env_and_a_batch():
+    cfg = compose_config(["batch_size=32"])
+    assert num_buffers(cfg) == 32 + 4 * 2
+    validate(cfg)
+
+
+def test_cli_reports_a_bad_key_in_one_clear_message(tmp_path):
+    result = run_cli(tmp_path / "run", "unroll_lenght=5", check=False)
+    assert result.returncode != 0
+    assert "unroll_lenght" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_reports_a_bad_value_before_starting(tmp_path):
+    result = run_cli(tmp_path / "run", "unroll_length=0", check=False)
+    assert result.returncode == 2
+    assert "unroll_length=0 must be at least 1" in result.stdout + result.stderr
+    assert not (tmp_path / "run" / "logs.csv").exists()

@@ -1,0 +1,81 @@
+import numpy as np
+import pytest
+
+from torchbeast_hydra.config import ConfigError, EnvConfig
+from torchbeast_hydra.envs import Environments, is_atari, make_env, probe_env
+
+
+def test_atari_preprocessing_matches_torchbeast():
+    spec = probe_env(EnvConfig(id="ALE/Pong-v5"))
+    assert spec.obs_shape == (4, 84, 84)
+    assert spec.obs_dtype == np.uint8
+    assert spec.num_actions == 6  # minimal action set
+
+
+def test_sticky_actions_are_off_by_default_and_configurable():
+    for prob in (0.0, 0.25):
+        env = make_env(EnvConfig(id="ALE/Pong-v5", sticky_action_prob=prob))
+        assert env.unwrapped.ale.getFloat("repeat_action_probability") == pytest.approx(prob)
+        env.close()
+
+
+def test_non_atari_ids_get_no_atari_wrappers():
+    assert not is_atari("CartPole-v1")
+    spec = probe_env(EnvConfig(id="CartPole-v1"))
+    assert spec.obs_shape == (4,) and spec.num_actions == 2
+
+
+def test_unknown_env_id_suggests_close_matches():
+    with pytest.raises(ConfigError, match="ALE/Pong-v5"):
+        probe_env(EnvConfig(id="ALE/Pongg-v5"))
+    with pytest.raises(ConfigError, match="not a registered gymnasium environment"):
+        probe_env(EnvConfig(id="NoSuchEnvironment-v0"))
+
+
+def test_continuous_actions_are_refused_clearly():
+    with pytest.raises(ConfigError, match="Discrete"):
+        probe_env(EnvConfig(id="Pendulum-v1"))
+
+
+def test_episodic_life_ends_learning_episodes_but_logs_full_game_return():
+    envs = Environments(EnvConfig(id="ALE/Breakout-v5"), 1, seed=3, episodic_life=True)
+    envs.initial()
+    rng = np.random.default_rng(0)
+    dones, total_reward = 0, 0.0
+    for _ in range(20_000):
+        out = envs.step(rng.integers(0, envs.spec.num_actions, size=1))
+        total_reward += out["reward"][0]
+        dones += int(out["done"][0])
+        if out["episode_end"][0]:
+            break
+    assert out["episode_end"][0], "a random Breakout game should end within 20k steps"
+    assert dones == 5  # one per life: Breakout has five
+    assert out["episode_return"][0] == pytest.approx(total_reward)
+    # After the game ends, the next game starts from zero.
+    out = envs.step(np.zeros(1, np.int64))
+    assert out["episode_step"][0] == 1 and out["episode_return"][0] == out["reward"][0]
+    envs.close()
+
+
+def test_environments_step_in_lockstep_with_preallocated_outputs():
+    envs = Environments(EnvConfig(id="CartPole-v1"), 3, seed=0, episodic_life=True)
+    first = envs.initial()
+    assert first["done"].all() and first["frame"].shape == (3, 4)
+    frame_buffer = first["frame"]
+    out = envs.step(np.array([0, 1, 0]))
+    assert out["frame"] is frame_buffer  # written in place: no per-step allocation
+    assert (out["last_action"] == [0, 1, 0]).all()
+    assert (out["episode_step"] == 1).all() and not out["done"].any()
+    envs.close()
+
+
+def test_seeds_make_env_outputs_reproducible():
+    def trajectory():
+        envs = Environments(EnvConfig(id="ALE/Pong-v5"), 1, seed=7, episodic_life=True)
+        frames = [envs.initial()["frame"].copy()]
+        for action in [1, 2, 3, 0, 2] * 4:
+            frames.append(envs.step(np.array([action]))["frame"].copy())
+        envs.close()
+        return np.stack(frames)
+
+    assert np.array_equal(trajectory(), trajectory())

@@ -1,0 +1,448 @@
+"""IMPALA losses against numbers worked out by hand, the partial-rollout mask, and Learner.update."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from torchbeast_hydra import models
+from torchbeast_hydra.config import (
+    Config,
+    EnvConfig,
+    ModelConfig,
+    ModelName,
+    MonoConfig,
+    OptimConfig,
+    RewardClipping,
+    VtraceConfig,
+)
+from torchbeast_hydra.envs import EnvSpec
+from torchbeast_hydra.learner import Learner, compute_losses
+
+GAMMA, BASELINE_COST, ENTROPY_COST = 0.9, 0.5, 0.01
+
+
+def vtrace_cfg(reward_clipping=RewardClipping.none, **kwargs) -> VtraceConfig:
+    return VtraceConfig(
+        discounting=GAMMA,
+        baseline_cost=BASELINE_COST,
+        entropy_cost=ENTROPY_COST,
+        reward_clipping=reward_clipping,
+        **kwargs,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# A tiny batch, T=2 steps, B=1, 2 actions, and its losses worked out by hand.
+#
+# Row t+1 of the batch holds the action a_t, the behaviour logits and the reward r_t of step t;
+# the learner's outputs row t are for step t, and its baseline at row T=2 is the bootstrap.
+# ---------------------------------------------------------------------------------------------
+
+LEARNER_LOGITS = [[0.5, -0.5], [0.2, 0.3], [1.0, 1.0]]  # rows 0, 1, 2 (row 2 is not a step)
+BEHAVIOR_LOGITS = [[0.0, 0.0], [0.0, 0.0], [-1.0, 1.0]]  # rows 0, 1, 2 (row 0 is unused)
+ACTIONS = [1, 0, 1]  # rows 0, 1, 2: a_0 = 0, a_1 = 1
+VALUES = [0.3, -0.2, 0.6]  # V(x_0), V(x_1), bootstrap V(x_2)
+
+
+def tiny_batch(rewards=(0.0, 2.0, -0.5), done=(False, False, False)) -> dict:
+    """Batch rows 0..2 for B=1 (the reward and done of step t are in row t+1)."""
+
+    def col(values, dtype):
+        return torch.tensor(values, dtype=dtype).unsqueeze(1)  # [T+1] -> [T+1, B=1]
+
+    return dict(
+        frame=torch.zeros(3, 1, 4),
+        reward=col(list(rewards), torch.float32),
+        done=col(list(done), torch.bool),
+        episode_return=col([0.0, 0.0, 0.0], torch.float32),
+        episode_step=col([0, 1, 2], torch.int32),
+        last_action=col([0, 1, 0], torch.int64),
+        episode_end=col(list(done), torch.bool),
+        action=col(ACTIONS, torch.int64),
+        policy_logits=torch.tensor(BEHAVIOR_LOGITS).unsqueeze(1),
+        baseline=col([0.0, 0.0, 0.0], torch.float32),
+        mask=col([True, True, True], torch.bool),
+    )
+
+
+def tiny_outputs() -> dict:
+    return dict(
+        policy_logits=torch.tensor(LEARNER_LOGITS, dtype=torch.float32).unsqueeze(1).requires_grad_(True),
+        baseline=torch.tensor(VALUES, dtype=torch.float32).unsqueeze(1).requires_grad_(True),
+    )
+
+
+def softmax2(z):
+    e0, e1 = math.exp(z[0]), math.exp(z[1])
+    return [e0 / (e0 + e1), e1 / (e0 + e1)]
+
+
+def by_hand(r0, r1, done1=False, done2=False, clip_rho=1.0, clip_pg_rho=1.0):
+    """The T=2 losses and their gradients, from the paper's formulas with plain floats.
+
+    r0, r1: the (already clipped) rewards of steps 0 and 1; done1/done2: done in rows 1/2.
+    """
+    g0 = 0.0 if done1 else GAMMA  # discount of step 0
+    g1 = 0.0 if done2 else GAMMA  # discount of step 1
+    V0, V1, V2 = VALUES
+    a0, a1 = ACTIONS[1], ACTIONS[2]
+
+    pi0, pi1 = softmax2(LEARNER_LOGITS[0]), softmax2(LEARNER_LOGITS[1])
+    mu0, mu1 = softmax2(BEHAVIOR_LOGITS[1]), softmax2(BEHAVIOR_LOGITS[2])
+    ratio0 = pi0[a0] / mu0[a0]  # 0.731 / 0.5 = 1.46: clipped at 1
+    ratio1 = pi1[a1] / mu1[a1]  # 0.525 / 0.881 = 0.60: not clipped at 1
+    clip = lambda x, c: x if c is None else min(c, x)  # noqa: E731
+    rho0, rho1 = clip(ratio0, clip_rho), clip(ratio1, clip_rho)
+    c0 = min(1.0, ratio0)
+
+    delta0 = rho0 * (r0 + g0 * V1 - V0)
+    delta1 = rho1 * (r1 + g1 * V2 - V1)
+    vs1 = V1 + delta1
+    vs0 = V0 + delta0 + g0 * c0 * delta1
+    adv0 = clip(ratio0, clip_pg_rho) * (r0 + g0 * vs1 - V0)
+    adv1 = clip(ratio1, clip_pg_rho) * (r1 + g1 * V2 - V1)
+
+    pg_loss = -math.log(pi0[a0]) * adv0 - math.log(pi1[a1]) * adv1
+    baseline_loss = BASELINE_COST * 0.5 * ((vs0 - V0) ** 2 + (vs1 - V1) ** 2)
+    neg_entropy = [sum(p * math.log(p) for p in pi) for pi in (pi0, pi1)]
+    entropy_loss = ENTROPY_COST * sum(neg_entropy)
+
+    # d/dz_j of -log pi(a) is pi_j - [j == a]; of sum_k pi_k log pi_k is pi_j (log pi_j - sum_k pi_k log pi_k).
+    def logits_grad(pi, a, adv, h):
+        return [
+            (pi[j] - (1.0 if j == a else 0.0)) * adv + ENTROPY_COST * pi[j] * (math.log(pi[j]) - h)
+            for j in range(2)
+        ]
+
+    # vs is a constant target (computed without a graph): d/dV_t = -baseline_cost * (vs_t - V_t).
+    return dict(
+        pg_loss=pg_loss,
+        baseline_loss=baseline_loss,
+        entropy_loss=entropy_loss,
+        total_loss=pg_loss + baseline_loss + entropy_loss,
+        logits_grad=[logits_grad(pi0, a0, adv0, neg_entropy[0]), logits_grad(pi1, a1, adv1, neg_entropy[1]), [0.0, 0.0]],
+        baseline_grad=[-BASELINE_COST * (vs0 - V0), -BASELINE_COST * (vs1 - V1), 0.0],
+    )
+
+
+def assert_losses(losses: dict, expected: dict) -> None:
+    for key in ("pg_loss", "baseline_loss", "entropy_loss", "total_loss"):
+        assert losses[key].item() == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
+
+
+def test_hand_example_exercises_clipping():
+    """The example is only useful if step 0's ratio is clipped and step 1's is not."""
+    pi0, pi1 = softmax2(LEARNER_LOGITS[0]), softmax2(LEARNER_LOGITS[1])
+    mu0, mu1 = softmax2(BEHAVIOR_LOGITS[1]), softmax2(BEHAVIOR_LOGITS[2])
+    assert pi0[ACTIONS[1]] / mu0[ACTIONS[1]] > 1.0
+    assert pi1[ACTIONS[2]] / mu1[ACTIONS[2]] < 1.0
+
+
+@pytest.mark.parametrize("done1, done2", [(False, False), (True, False), (False, True)])
+def test_losses_by_hand(done1, done2):
+    batch = tiny_batch(rewards=(0.0, 0.7, -0.5), done=(False, done1, done2))
+    losses = compute_losses(vtrace_cfg(), batch, tiny_outputs())
+    assert_losses(losses, by_hand(0.7, -0.5, done1=done1, done2=done2))
+
+
+def test_losses_by_hand_with_numbers_written_out():
+    """Step by step for the default example (no done, rewards 0.7 and -0.5), to 4 decimals."""
+    losses = compute_losses(vtrace_cfg(), tiny_batch(rewards=(0.0, 0.7, -0.5)), tiny_outputs())
+    # pi0 = [0.7311, 0.2689], pi1 = [0.4750, 0.5250]; mu0(a0=0) = 0.5, mu1(a1=1) = 0.8808
+    # rho0 = c0 = min(1, 1.4621) = 1; rho1 = c1 = 0.5250 / 0.8808 = 0.5961
+    # delta1 = 0.5961 * (-0.5 + 0.9 * 0.6 + 0.2) = 0.5961 * 0.24 = 0.14306
+    # delta0 = 1 * (0.7 + 0.9 * -0.2 - 0.3) = 0.22
+    # vs1 = -0.2 + 0.14306 = -0.05694;  vs0 = 0.3 + 0.22 + 0.9 * 0.14306 = 0.64875
+    # adv0 = 1 * (0.7 + 0.9 * -0.05694 - 0.3) = 0.34875;  adv1 = delta1 = 0.14306
+    # pg = -log(0.7311) * 0.34875 - log(0.5250) * 0.14306 = 0.10924 + 0.09218 = 0.20142
+    # baseline = 0.5 * 0.5 * (0.34875^2 + 0.14306^2) = 0.03553
+    # entropy = 0.01 * ((0.7311 log 0.7311 + 0.2689 log 0.2689) + (0.4750 log 0.4750 + 0.5250 log 0.5250))
+    #         = 0.01 * (-0.58220 - 0.69190) = -0.012741
+    assert losses["pg_loss"].item() == pytest.approx(0.20142, abs=1e-4)
+    assert losses["baseline_loss"].item() == pytest.approx(0.03553, abs=1e-4)
+    assert losses["entropy_loss"].item() == pytest.approx(-0.012741, abs=1e-5)
+    assert losses["total_loss"].item() == pytest.approx(0.20142 + 0.03553 - 0.012741, abs=2e-4)
+
+
+@pytest.mark.parametrize("clip_rho, clip_pg_rho", [(None, None), (0.5, 2.0), (2.0, 0.5)])
+def test_losses_by_hand_with_other_thresholds(clip_rho, clip_pg_rho):
+    cfg = vtrace_cfg(clip_rho_threshold=clip_rho, clip_pg_rho_threshold=clip_pg_rho)
+    losses = compute_losses(cfg, tiny_batch(rewards=(0.0, 0.7, -0.5)), tiny_outputs())
+    assert_losses(losses, by_hand(0.7, -0.5, clip_rho=clip_rho, clip_pg_rho=clip_pg_rho))
+
+
+def test_reward_clipping_abs_one_vs_none():
+    batch = tiny_batch(rewards=(0.0, 5.0, -3.0))
+    clipped = compute_losses(vtrace_cfg(RewardClipping.abs_one), batch, tiny_outputs())
+    unclipped = compute_losses(vtrace_cfg(RewardClipping.none), batch, tiny_outputs())
+    assert_losses(clipped, by_hand(1.0, -1.0))
+    assert_losses(unclipped, by_hand(5.0, -3.0))
+    assert clipped["total_loss"].item() != pytest.approx(unclipped["total_loss"].item())
+    # Rewards inside [-1, 1] are left alone by abs_one.
+    small = tiny_batch(rewards=(0.0, 0.7, -0.5))
+    assert_losses(compute_losses(vtrace_cfg(RewardClipping.abs_one), small, tiny_outputs()), by_hand(0.7, -0.5))
+
+
+def test_reward_clipping_from_omegaconf_config():
+    """The config as Hydra hands it over (an OmegaConf node, the enum given as a string)."""
+    cfg = OmegaConf.structured(vtrace_cfg())
+    cfg.reward_clipping = "abs_one"
+    losses = compute_losses(cfg, tiny_batch(rewards=(0.0, 5.0, -3.0)), tiny_outputs())
+    assert_losses(losses, by_hand(1.0, -1.0))
+
+
+@pytest.mark.parametrize("done2", [False, True])
+def test_gradients_by_hand(done2):
+    outputs = tiny_outputs()
+    losses = compute_losses(vtrace_cfg(), tiny_batch(rewards=(0.0, 0.7, -0.5), done=(False, False, done2)), outputs)
+    losses["total_loss"].backward()
+    expected = by_hand(0.7, -0.5, done2=done2)
+    np.testing.assert_allclose(outputs["policy_logits"].grad[:, 0].numpy(), expected["logits_grad"], atol=1e-6)
+    np.testing.assert_allclose(outputs["baseline"].grad[:, 0].numpy(), expected["baseline_grad"], atol=1e-6)
+
+
+def test_gradient_of_each_part():
+    """pg loss only moves the logits, baseline loss only the baseline."""
+    outputs = tiny_outputs()
+    losses = compute_losses(vtrace_cfg(), tiny_batch(rewards=(0.0, 0.7, -0.5)), outputs)
+    logits_grad, baseline_grad = torch.autograd.grad(
+        losses["baseline_loss"], [outputs["policy_logits"], outputs["baseline"]], allow_unused=True
+    )
+    assert logits_grad is None or torch.all(logits_grad == 0)
+    np.testing.assert_allclose(baseline_grad[:, 0].numpy(), by_hand(0.7, -0.5)["baseline_grad"], atol=1e-6)
+
+    outputs = tiny_outputs()
+    losses = compute_losses(vtrace_cfg(), tiny_batch(rewards=(0.0, 0.7, -0.5)), outputs)
+    logits_grad, baseline_grad = torch.autograd.grad(
+        losses["pg_loss"], [outputs["policy_logits"], outputs["baseline"]], allow_unused=True
+    )
+    assert baseline_grad is None or torch.all(baseline_grad == 0)
+    assert logits_grad.abs().sum() > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Partial rollouts: padded steps (mask False) must not change anything.
+# ---------------------------------------------------------------------------------------------
+
+
+def random_rollout(T: int, B: int, A: int, seed: int) -> tuple[dict, dict]:
+    g = torch.Generator().manual_seed(seed)
+    batch = dict(
+        frame=torch.randn(T + 1, B, 4, generator=g),
+        reward=3.0 * torch.randn(T + 1, B, generator=g),
+        done=torch.rand(T + 1, B, generator=g) < 0.2,
+        episode_return=torch.randn(T + 1, B, generator=g),
+        episode_step=torch.randint(100, (T + 1, B), generator=g, dtype=torch.int32),
+        last_action=torch.randint(A, (T + 1, B), generator=g),
+        episode_end=torch.rand(T + 1, B, generator=g) < 0.2,
+        action=torch.randint(A, (T + 1, B), generator=g),
+        policy_logits=2.0 * torch.randn(T + 1, B, A, generator=g),
+        baseline=torch.randn(T + 1, B, generator=g),
+        mask=torch.ones(T + 1, B, dtype=torch.bool),
+    )
+    outputs = dict(
+        policy_logits=2.0 * torch.randn(T + 1, B, A, generator=g),
+        baseline=torch.randn(T + 1, B, generator=g),
+    )
+    return batch, outputs
+
+
+def losses_and_grads(cfg, batch, outputs):
+    outputs = {k: v.detach().clone().requires_grad_(True) for k, v in outputs.items()}
+    losses = compute_losses(cfg, batch, outputs)
+    losses["total_loss"].backward()
+    return (
+        {k: v.item() for k, v in losses.items()},
+        outputs["policy_logits"].grad,
+        outputs["baseline"].grad,
+    )
+
+
+@pytest.mark.parametrize("clip_rho, clip_pg_rho", [(1.0, 1.0), (None, None), (2.0, 0.5)])
+@pytest.mark.parametrize("real_steps", [1, 3, 5])
+def test_padded_rollout_equals_shorter_rollout(real_steps, clip_rho, clip_pg_rho):
+    T, A = 6, 3
+    cfg = vtrace_cfg(RewardClipping.abs_one, clip_rho_threshold=clip_rho, clip_pg_rho_threshold=clip_pg_rho)
+    batch, outputs = random_rollout(T, 1, A, seed=real_steps)
+    padded = dict(batch)
+    padded["mask"] = batch["mask"].clone()
+    padded["mask"][real_steps + 1 :] = False  # rows 1..real_steps are real steps
+    # The short rollout: rows 0..real_steps; the learner's value at row real_steps bootstraps it.
+    short_batch = {k: v[: real_steps + 1] for k, v in batch.items()}
+    short_outputs = {k: v[: real_steps + 1] for k, v in outputs.items()}
+
+    padded_losses, padded_logits_grad, padded_baseline_grad = losses_and_grads(cfg, padded, outputs)
+    short_losses, short_logits_grad, short_baseline_grad = losses_and_grads(cfg, short_batch, short_outputs)
+
+    assert padded_losses == pytest.approx(short_losses, rel=1e-6, abs=1e-6)
+    torch.testing.assert_close(padded_logits_grad[: real_steps + 1], short_logits_grad)
+    torch.testing.assert_close(padded_baseline_grad[: real_steps + 1], short_baseline_grad)
+    # Padding (and the row after the last step) gets exactly zero gradient.
+    assert torch.all(padded_logits_grad[real_steps:] == 0)
+    assert torch.all(padded_baseline_grad[real_steps:] == 0)
+    # ... and without the mask the padding would have counted.
+    unmasked_losses, _, _ = losses_and_grads(cfg, batch, outputs)
+    assert unmasked_losses["total_loss"] != pytest.approx(short_losses["total_loss"], rel=1e-6)
+
+
+def test_padding_in_one_column_of_a_batch():
+    """B=2: column 0 complete (4 steps), column 1 padded after 2 steps; losses add up per column."""
+    T, A = 4, 2
+    cfg = vtrace_cfg(RewardClipping.none)
+    batch, outputs = random_rollout(T, 2, A, seed=42)
+    batch["mask"][3:, 1] = False
+
+    both_losses, both_logits_grad, both_baseline_grad = losses_and_grads(cfg, batch, outputs)
+    full_losses, full_logits_grad, full_baseline_grad = losses_and_grads(
+        cfg, {k: v[:, :1] for k, v in batch.items()}, {k: v[:, :1] for k, v in outputs.items()}
+    )
+    short_losses, short_logits_grad, short_baseline_grad = losses_and_grads(
+        cfg, {k: v[:3, 1:] for k, v in batch.items()}, {k: v[:3, 1:] for k, v in outputs.items()}
+    )
+    for key in both_losses:
+        assert both_losses[key] == pytest.approx(full_losses[key] + short_losses[key], rel=1e-5, abs=1e-6), key
+    torch.testing.assert_close(both_logits_grad[:, :1], full_logits_grad)
+    torch.testing.assert_close(both_baseline_grad[:, :1], full_baseline_grad)
+    torch.testing.assert_close(both_logits_grad[:3, 1:], short_logits_grad)
+    torch.testing.assert_close(both_baseline_grad[:3, 1:], short_baseline_grad)
+    assert torch.all(both_logits_grad[2:, 1] == 0)
+    assert torch.all(both_baseline_grad[2:, 1] == 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Learner: one optimiser step on a tiny MLP.
+# ---------------------------------------------------------------------------------------------
+
+SPEC = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype("float32"), num_actions=2)
+
+
+def learner_cfg(batch_size=2, unroll_length=3, total_steps=24, anneal_lr=True, use_lstm=False):
+    cfg = OmegaConf.structured(Config)
+    cfg.env = OmegaConf.structured(EnvConfig)
+    cfg.model = OmegaConf.structured(ModelConfig(name=ModelName.mlp, use_lstm=use_lstm, hidden_sizes=[8]))
+    cfg.vtrace = OmegaConf.structured(VtraceConfig)
+    cfg.optim = OmegaConf.structured(OptimConfig(learning_rate=0.01, anneal_lr=anneal_lr))
+    cfg.backend = OmegaConf.structured(MonoConfig)
+    cfg.batch_size = batch_size
+    cfg.unroll_length = unroll_length
+    cfg.total_steps = total_steps
+    return cfg
+
+
+def make_learner(cfg) -> Learner:
+    torch.manual_seed(0)
+    model = models.make_model(cfg.model, SPEC)
+    return Learner(cfg, model, torch.device("cpu"))
+
+
+def learner_batch(cfg, seed=0) -> dict:
+    batch, _ = random_rollout(cfg.unroll_length, cfg.batch_size, SPEC.num_actions, seed)
+    return batch
+
+
+def params_of(learner) -> list:
+    return [p.detach().clone() for p in learner.model.parameters()]
+
+
+@pytest.mark.parametrize("use_lstm", [False, True])
+def test_update_changes_parameters(use_lstm):
+    cfg = learner_cfg(use_lstm=use_lstm)
+    learner = make_learner(cfg)
+    before = params_of(learner)
+    stats = learner.update(learner_batch(cfg), learner.model.initial_state(cfg.batch_size))
+    after = params_of(learner)
+    assert all(torch.isfinite(p).all() for p in after)
+    assert any(not torch.equal(b, a) for b, a in zip(before, after))
+    for key in ("total_loss", "pg_loss", "baseline_loss", "entropy_loss", "grad_norm", "learning_rate"):
+        assert isinstance(stats[key], float) and math.isfinite(stats[key]), key
+    assert stats["total_loss"] == pytest.approx(stats["pg_loss"] + stats["baseline_loss"] + stats["entropy_loss"])
+    assert learner.skipped_updates == 0
+
+
+def test_update_reports_the_losses_of_the_model_outputs():
+    cfg = learner_cfg()
+    learner = make_learner(cfg)
+    batch = learner_batch(cfg)
+    with torch.no_grad():
+        outputs, _ = copy.deepcopy(learner.model)(batch, ())
+        expected = compute_losses(cfg.vtrace, batch, outputs)
+    stats = learner.update(batch, ())
+    for key, value in expected.items():
+        assert stats[key] == pytest.approx(value.item(), rel=1e-5), key
+
+
+def test_learning_rate_anneals_linearly_to_zero():
+    cfg = learner_cfg(batch_size=2, unroll_length=3, total_steps=24)  # 6 steps/update: 4 updates
+    learner = make_learner(cfg)
+    lr0 = cfg.optim.learning_rate
+    assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(lr0)
+    for k in range(1, 7):
+        stats = learner.update(learner_batch(cfg, seed=k), ())
+        expected = lr0 * max(0.0, 1.0 - k / 4)
+        assert stats["learning_rate"] == pytest.approx(expected)
+        assert learner.optimizer.param_groups[0]["lr"] == pytest.approx(expected)
+    # At lr 0 the parameters stay put.
+    before = params_of(learner)
+    learner.update(learner_batch(cfg, seed=99), ())
+    assert all(torch.equal(b, a) for b, a in zip(before, params_of(learner)))
+
+
+def test_learning_rate_schedule_rounds_updates_up():
+    cfg = learner_cfg(batch_size=2, unroll_length=3, total_steps=25)  # ceil(25 / 6) = 5 updates
+    learner = make_learner(cfg)
+    stats = learner.update(learner_batch(cfg), ())
+    assert stats["learning_rate"] == pytest.approx(cfg.optim.learning_rate * 4 / 5)
+
+
+def test_learning_rate_constant_without_annealing():
+    cfg = learner_cfg(anneal_lr=False)
+    learner = make_learner(cfg)
+    for k in range(6):
+        stats = learner.update(learner_batch(cfg, seed=k), ())
+        assert stats["learning_rate"] == pytest.approx(cfg.optim.learning_rate)
+
+
+# A skipped first update steps the LR scheduler before the optimiser has ever stepped.
+SCHEDULER_WARNING = "ignore:Detected call of `lr_scheduler.step\\(\\)` before `optimizer.step\\(\\)`"
+
+
+def assert_non_finite_batch_is_skipped(learner, cfg, batch) -> None:
+    before = params_of(learner)
+    optimizer_state_before = copy.deepcopy(learner.optimizer.state_dict()["state"])
+    stats = learner.update(batch, ())
+    assert math.isnan(stats["total_loss"])
+    assert learner.skipped_updates == 1
+    assert all(torch.equal(b, a) for b, a in zip(before, params_of(learner)))
+    assert learner.optimizer.state_dict()["state"] == optimizer_state_before  # rmsprop stats untouched
+
+    # The next finite batch trains normally.
+    stats = learner.update(learner_batch(cfg, seed=1), ())
+    assert math.isfinite(stats["total_loss"])
+    assert learner.skipped_updates == 1
+    after = params_of(learner)
+    assert all(torch.isfinite(p).all() for p in after)
+    assert any(not torch.equal(b, a) for b, a in zip(before, after))
+
+
+def test_nan_reward_skips_the_update():
+    cfg = learner_cfg()
+    learner = make_learner(cfg)
+    batch = learner_batch(cfg)
+    batch["reward"][2, 1] = float("nan")
+    assert_non_finite_batch_is_skipped(learner, cfg, batch)
+
+
+@pytest.mark.filterwarnings(SCHEDULER_WARNING)
+def test_nan_behaviour_logits_skip_the_update():
+    """A NaN that reaches the losses but not the model's forward pass (the behaviour logits)."""
+    cfg = learner_cfg()
+    learner = make_learner(cfg)
+    batch = learner_batch(cfg)
+    batch["policy_logits"][2, 1, 0] = float("nan")
+    assert_non_finite_batch_is_skipped(learner, cfg, batch)

@@ -1,0 +1,79 @@
+import numpy as np
+import pytest
+import torch
+
+from torchbeast_hydra.config import ConfigError, ModelConfig, ModelName
+from torchbeast_hydra.envs import EnvSpec
+from torchbeast_hydra.models import make_model
+
+ATARI = EnvSpec((4, 84, 84), np.dtype(np.uint8), 6)
+VECTOR = EnvSpec((4,), np.dtype(np.float32), 2)
+
+
+def inputs(spec, T, B, done=None):
+    if spec.obs_dtype == np.uint8:
+        frame = torch.randint(0, 256, (T, B, *spec.obs_shape), dtype=torch.uint8)
+    else:
+        frame = torch.randn(T, B, *spec.obs_shape)
+    return dict(
+        frame=frame,
+        reward=torch.randn(T, B),
+        done=torch.zeros(T, B, dtype=torch.bool) if done is None else done,
+        last_action=torch.randint(0, spec.num_actions, (T, B)),
+    )
+
+
+@pytest.mark.parametrize("name, spec", [("atari_net", ATARI), ("resnet", ATARI), ("mlp", VECTOR)])
+@pytest.mark.parametrize("use_lstm", [False, True])
+def test_output_shapes(name, spec, use_lstm):
+    model = make_model(ModelConfig(name=ModelName(name), use_lstm=use_lstm), spec)
+    outputs, state = model(inputs(spec, 3, 2), model.initial_state(2))
+    assert outputs["policy_logits"].shape == (3, 2, spec.num_actions)
+    assert outputs["baseline"].shape == (3, 2)
+    assert outputs["action"].shape == (3, 2)
+    assert ((0 <= outputs["action"]) & (outputs["action"] < spec.num_actions)).all()
+    assert len(state) == (2 if use_lstm else 0)
+
+
+def test_greedy_actions_are_the_argmax():
+    model = make_model(ModelConfig(name=ModelName.mlp), VECTOR)
+    outputs, _ = model(inputs(VECTOR, 4, 3), action="greedy")
+    assert torch.equal(outputs["action"], outputs["policy_logits"].argmax(-1))
+
+
+def test_lstm_unroll_matches_step_by_step_with_resets():
+    """The learner's pass over an unroll must see what the actor saw, one step at a time."""
+    torch.manual_seed(0)
+    model = make_model(ModelConfig(name=ModelName.mlp, use_lstm=True), VECTOR)
+    done = torch.zeros(6, 2, dtype=torch.bool)
+    done[3, 0] = True
+    x = inputs(VECTOR, 6, 2, done)
+    state = tuple(torch.randn_like(s) for s in model.initial_state(2))
+    whole, whole_state = model(x, state)
+    stepped, step_state = [], state
+    for t in range(6):
+        out, step_state = model({k: v[t : t + 1] for k, v in x.items()}, step_state)
+        stepped.append(out["policy_logits"])
+    assert torch.allclose(whole["policy_logits"], torch.cat(stepped), atol=1e-6)
+    for a, b in zip(whole_state, step_state):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_done_resets_lstm_state():
+    torch.manual_seed(0)
+    model = make_model(ModelConfig(name=ModelName.mlp, use_lstm=True), VECTOR)
+    x = inputs(VECTOR, 1, 1, torch.ones(1, 1, dtype=torch.bool))
+    from_noise, _ = model(x, tuple(torch.randn_like(s) for s in model.initial_state(1)))
+    from_zero, _ = model(x, model.initial_state(1))
+    assert torch.allclose(from_noise["policy_logits"], from_zero["policy_logits"])
+
+
+@pytest.mark.parametrize("name", ["atari_net", "resnet"])
+def test_image_model_on_vector_env_is_refused(name):
+    with pytest.raises(ConfigError, match="model=mlp"):
+        make_model(ModelConfig(name=ModelName(name)), VECTOR)
+
+
+def test_image_too_small_is_refused():
+    with pytest.raises(ConfigError, match="screen_size"):
+        make_model(ModelConfig(name=ModelName.atari_net), EnvSpec((4, 20, 20), np.dtype(np.uint8), 6))

@@ -1,0 +1,193 @@
+"""End-to-end runs of the mono backend through the CLI, on tiny CartPole and Pong configs."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from torchbeast_hydra import checkpoint
+
+from conftest import TINY, run_cli
+
+
+def rows(run_dir):
+    with open(run_dir / "logs.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def steps(run_dir):
+    return [int(row["step"]) for row in rows(run_dir)]
+
+
+def children(pid):
+    """Live child processes of pid (actors, and multiprocessing's helpers)."""
+    try:
+        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    except FileNotFoundError:
+        pytest.skip("pgrep is not available")
+    return [int(p) for p in out.split()]
+
+
+def actor_pids(pid):
+    return [p for p in children(pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def start_cli(run_dir, *overrides):
+    command = [sys.executable, "-m", "torchbeast_hydra", f"hydra.run.dir={run_dir}", *overrides]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_tiny_run_writes_logs_checkpoint_and_provenance(tiny_run):
+    unroll = 4 * 16
+    assert steps(tiny_run) == list(range(unroll, 2560 + unroll, unroll))[: len(steps(tiny_run))]
+    assert steps(tiny_run)[-1] >= 2560
+    last = rows(tiny_run)[-1]
+    for field in ("sps", "total_loss", "pg_loss", "baseline_loss", "entropy_loss", "learning_rate",
+                  "free_queue_size", "full_queue_size", "episodes"):
+        assert last[field] != "", field
+    assert int(last["episodes"]) > 0 and float(last["sps"]) > 0
+    state = checkpoint.load(checkpoint.path_in(tiny_run))
+    assert state["step"] == steps(tiny_run)[-1]
+    assert state["config"]["env"]["id"] == "CartPole-v1"
+    info = yaml.safe_load((tiny_run / "run_info.yaml").read_text())
+    assert "git_commit" in info and "torch" in info
+    assert not any("PATH" in str(v) for v in info.values())  # never the process environment
+    assert (tiny_run / ".hydra" / "config.yaml").exists()
+    assert (tiny_run / "torchbeast.log").read_text().count("Saved checkpoint") >= 1
+
+
+def test_resume_continues_steps_optimizer_and_schedule(tiny_run):
+    first = checkpoint.load(checkpoint.path_in(tiny_run))
+    run_cli(tiny_run, *TINY, "total_steps=5120")
+    assert "Resuming from" in (tiny_run / "torchbeast.log").read_text()
+    logged = steps(tiny_run)
+    assert logged == sorted(set(logged)), "no duplicate or out-of-order rows"
+    assert logged[-1] >= 5120
+    diffs = {b - a for a, b in zip(logged, logged[1:])}
+    assert diffs == {64}, "no missing rows across the restart"
+    second = checkpoint.load(checkpoint.path_in(tiny_run))
+    updates = second["learner"]["scheduler"]["last_epoch"]
+    assert updates == first["learner"]["scheduler"]["last_epoch"] + (logged[-1] - first["step"]) // 64
+    opt_steps = [s["step"] for s in second["learner"]["optimizer"]["state"].values()]
+    assert all(float(s) == updates for s in opt_steps), "optimizer state carried over"
+
+
+def test_resume_with_a_different_model_is_refused(tiny_run):
+    result = run_cli(tiny_run, *TINY, "model.hidden_sizes=[32]", check=False)
+    assert result.returncode == 2
+    assert "trained with model=" in result.stdout + result.stderr
+    assert checkpoint.load(checkpoint.path_in(tiny_run))["step"] >= 2560  # untouched
+
+
+def test_corrupt_checkpoint_stops_with_a_clear_error_and_is_kept(tiny_run):
+    path = checkpoint.path_in(tiny_run)
+    path.write_bytes(b"not a checkpoint")
+    before = steps(tiny_run)
+    result = run_cli(tiny_run, *TINY, "total_steps=5120", check=False)
+    assert result.returncode == 2
+    output = result.stdout + result.stderr
+    assert "corrupt" in output and str(path) in output
+    assert path.read_bytes() == b"not a checkpoint"
+    assert steps(tiny_run) == before
+
+
+def test_unknown_env_id_fails_before_anything_starts(tmp_path):
+    result = run_cli(tmp_path / "run", *TINY, "env.id=CartPoel-v1", check=False)
+    assert result.returncode == 2
+    assert "Did you mean CartPole-v1" in result.stdout + result.stderr
+    assert not (tmp_path / "run" / "logs.csv").exists()
+
+
+def test_model_that_does_not_fit_the_env_fails_clearly(tmp_path):
+    result = run_cli(tmp_path / "run", "env=cartpole", "model=atari_net", check=False)
+    assert result.returncode == 2
+    assert "Use model=mlp" in result.stdout + result.stderr
+
+
+def test_lstm_run(tmp_path):
+    run_dir = tmp_path / "run"
+    run_cli(run_dir, *TINY, "model.use_lstm=true")
+    assert steps(run_dir)[-1] >= 2560
+
+
+def test_pong_run_with_atari_net(tmp_path):
+    run_dir = tmp_path / "run"
+    run_cli(run_dir, "env=pong", "total_steps=640", "unroll_length=20", "batch_size=4",
+            "backend.num_actors=2", "backend.envs_per_actor=2")
+    logged = rows(run_dir)
+    assert int(logged[-1]["step"]) >= 640
+    assert float(logged[-1]["learning_rate"]) < 0.00048  # annealing
+
+
+def test_killed_actor_is_replaced_and_the_run_finishes(tmp_path):
+    run_dir = tmp_path / "run"
+    process = start_cli(run_dir, *TINY, "total_steps=60000")
+    try:
+        victims = wait_for(lambda: len(actor_pids(process.pid)) == 2 and actor_pids(process.pid),
+                           60, "two actors")
+        wait_for(lambda: (run_dir / "logs.csv").exists() and len(rows(run_dir)) > 2, 60, "training")
+        os.kill(victims[0], signal.SIGKILL)
+        output, _ = process.communicate(timeout=180)
+    finally:
+        process.kill()
+    assert process.returncode == 0, output
+    assert "Actor 0" in output and "died with exit code -9" in output
+    assert steps(run_dir)[-1] >= 60000
+
+
+def test_sigterm_stops_cleanly_with_a_checkpoint_and_no_orphans(tmp_path):
+    run_dir = tmp_path / "run"
+    process = start_cli(run_dir, *TINY, "total_steps=10000000")
+    try:
+        wait_for(lambda: (run_dir / "logs.csv").exists() and len(rows(run_dir)) > 2, 60, "training")
+        actors = actor_pids(process.pid)
+        assert actors
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, output
+    state = checkpoint.load(checkpoint.path_in(run_dir))
+    assert state["step"] == steps(run_dir)[-1]
+    for pid in actors:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_test_mode_plays_the_checkpoint(tiny_run, tmp_path):
+    result = run_cli(tmp_path / "eval", "experiment=cartpole", "mode=test", f"load_dir={tiny_run}",
+                     "test.num_episodes=3")
+    assert "Mean return over 3 episodes" in result.stdout
+    with open(tiny_run / "eval.csv", newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    assert int(row["episodes"]) == 3 and float(row["mean_return"]) > 0
+
+
+def test_test_mode_records_video(tiny_run, tmp_path):
+    run_cli(tmp_path / "eval", "experiment=cartpole", "mode=test", f"load_dir={tiny_run}",
+            "test.num_episodes=1", "test.record_video=true")
+    videos = list((tiny_run / "videos").glob("*.mp4"))
+    assert videos and videos[0].stat().st_size > 1000
+
+
+def test_test_mode_without_checkpoint_fails_clearly(tmp_path):
+    result = run_cli(tmp_path / "eval", "experiment=cartpole", "mode=test", f"load_dir={tmp_path}",
+                     check=False)
+    assert result.returncode == 2
+    assert "no checkpoint" in result.stdout + result.stderr
