@@ -133,8 +133,9 @@ def probe_env(cfg: EnvConfig) -> EnvSpec:
 class Environments:
     """A few envs stepped in lockstep; outputs are preallocated arrays [num_envs, ...]."""
 
-    def __init__(self, cfg: EnvConfig, num_envs: int, seed: int, episodic_life: bool):
-        self.envs = [make_env(cfg) for _ in range(num_envs)]
+    def __init__(self, cfg: EnvConfig, num_envs: int, seed: int, episodic_life: bool,
+                 render_mode: str | None = None):
+        self.envs = [make_env(cfg, render_mode) for _ in range(num_envs)]
         self.spec = env_spec(self.envs[0], cfg.id)
         self.seeds = [seed + i for i in range(num_envs)]
         self.episodic_life = episodic_life and is_atari(cfg.id)

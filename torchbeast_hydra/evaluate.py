@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from . import checkpoint
 from .config import ConfigError, EnvConfig
-from .envs import Environments, make_env
+from .envs import Environments
 from .models import make_model
 
 log = logging.getLogger(__name__)
@@ -25,9 +25,11 @@ def evaluate(cfg, run_dir: Path) -> dict:
     # The trained run's env and model, whatever this invocation's defaults say.
     env_cfg = OmegaConf.merge(OmegaConf.structured(EnvConfig), state["config"]["env"])
     model_cfg = OmegaConf.merge(cfg.model, state["config"]["model"])
-    envs = Environments(OmegaConf.to_object(env_cfg), 1, seed=cfg.seed, episodic_life=False)
-    if cfg.test.record_video:
-        envs.envs[0] = _record_video(OmegaConf.to_object(env_cfg), run_dir / "videos")
+    record = cfg.test.record_video
+    envs = Environments(OmegaConf.to_object(env_cfg), 1, seed=cfg.seed, episodic_life=False,
+                        render_mode="rgb_array" if record else None)
+    if record:
+        envs.envs[0] = _record_video(envs.envs[0], run_dir / "videos")
     model = make_model(model_cfg, envs.spec)
     model.load_state_dict(state["learner"]["model"])
     model.eval()
@@ -69,14 +71,13 @@ def evaluate(cfg, run_dir: Path) -> dict:
     return result
 
 
-def _record_video(env_cfg: EnvConfig, folder: Path) -> gym.Env:
+def _record_video(env: gym.Env, folder: Path) -> gym.Env:
     try:
         import moviepy  # noqa: F401  (RecordVideo needs it)
     except ImportError:
         raise ConfigError(
             "test.record_video=true needs moviepy: pip install -e '.[video]' (or pip install moviepy)."
         ) from None
-    env = make_env(env_cfg, render_mode="rgb_array")
     return gym.wrappers.RecordVideo(env, str(folder), episode_trigger=lambda episode: True,
                                     name_prefix="test", disable_logger=True)
 
