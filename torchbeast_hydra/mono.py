@@ -148,7 +148,7 @@ class BufferPool:
                     pass
 
 
-def actor_main(index, env_cfg, num_envs, seed, unroll_length, model, buffers, state_buffers, conn):
+def actor_main(env_cfg, num_envs, seed, unroll_length, model, buffers, state_buffers, conn):
     """An actor process: fill the granted buffers with unrolls until told to stop."""
     torch.set_num_threads(1)  # one core-sized slice each; the learner gets the rest
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the learner, which stops us
@@ -227,7 +227,7 @@ class MonoBeast:
         process = self.ctx.Process(
             target=actor_main,
             name=f"actor-{index}",
-            args=(index, self.env_cfg, backend.envs_per_actor, seed, self.cfg.unroll_length,
+            args=(self.env_cfg, backend.envs_per_actor, seed, self.cfg.unroll_length,
                   self.actor_model, self.buffers, self.state_buffers, actor_end),
             daemon=True,
         )
