@@ -16,6 +16,7 @@ import torch
 from omegaconf import OmegaConf
 
 from . import checkpoint
+from .config import ConfigError
 from .envs import EnvSpec
 from .learner import Learner
 from .metrics import CsvLog, Stats
@@ -29,7 +30,7 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device={name} but CUDA is not available here: use device=auto or cpu.")
+        raise ConfigError(f"device={name} but CUDA is not available here: use device=auto or cpu.")
     return device
 
 
