@@ -55,9 +55,9 @@ def start_cli(run_dir, *overrides):
 
 
 def test_tiny_run_writes_logs_checkpoint_and_provenance(tiny_run):
-    unroll = 4 * 16
-    assert steps(tiny_run) == list(range(unroll, 2560 + unroll, unroll))[: len(steps(tiny_run))]
-    assert steps(tiny_run)[-1] >= 2560
+    # One row per update of B*T = 64 steps, ending exactly at total_steps even with two learner
+    # threads racing for the last batch.
+    assert steps(tiny_run) == list(range(64, 2560 + 1, 64))
     last = rows(tiny_run)[-1]
     for field in ("sps", "total_loss", "pg_loss", "baseline_loss", "entropy_loss", "learning_rate",
                   "free_queue_size", "full_queue_size", "episodes"):
@@ -79,7 +79,7 @@ def test_resume_continues_steps_optimizer_and_schedule(tiny_run):
     assert "Resuming from" in (tiny_run / "torchbeast.log").read_text()
     logged = steps(tiny_run)
     assert logged == sorted(set(logged)), "no duplicate or out-of-order rows"
-    assert logged[-1] >= 5120
+    assert logged[-1] == 5120
     diffs = {b - a for a, b in zip(logged, logged[1:])}
     assert diffs == {64}, "no missing rows across the restart"
     second = checkpoint.load(checkpoint.path_in(tiny_run))

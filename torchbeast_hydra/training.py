@@ -78,12 +78,18 @@ class TrainingRun:
     def done(self) -> bool:
         return self.stats.step >= self.cfg.total_steps or self.stop_requested.is_set()
 
-    def update(self, batch: dict, initial_core_state: tuple, queues: dict) -> dict:
-        """One learner update on a batch [T+1, B, ...]; logs its row. Thread-safe."""
+    def update(self, batch: dict, initial_core_state: tuple, queues: dict) -> dict | None:
+        """One learner update on a batch [T+1, B, ...]; logs its row. Thread-safe.
+
+        A batch that arrives once total_steps is reached (another learner thread got there
+        first) is dropped, so every run ends at the same step count.
+        """
         steps = self.cfg.unroll_length * self.cfg.batch_size
         ends = batch["episode_end"][1:] & batch["mask"][1:]
         episode_returns = batch["episode_return"][1:][ends].tolist()
         with self.lock:
+            if self.stats.step >= self.cfg.total_steps:
+                return None
             update_stats = self.learner.update(batch, initial_core_state)
             return self.stats.record(steps, episode_returns, update_stats, queues)
 
