@@ -40,9 +40,10 @@ def evaluate(cfg, run_dir: Path) -> dict:
     core_state = model.initial_state(1)
     steps = 0
     started = time.monotonic()
+    action = "greedy" if cfg.test.greedy else "sample"
     while len(returns) < cfg.test.num_episodes:
         with torch.no_grad():
-            agent_output, core_state = model(env_output, core_state, action="greedy" if cfg.test.greedy else "sample")
+            agent_output, core_state = model(env_output, core_state, action=action)
         envs.step(agent_output["action"][0].numpy())
         steps += 1
         timed_out = steps >= cfg.test.max_episode_steps

@@ -1,9 +1,9 @@
 """Policies: a body that turns observations into features, then a shared actor-critic core.
 
 Every model takes time-major inputs [T, B, ...] (frame, reward, done, last_action) and returns
-policy_logits [T, B, A], baseline [T, B] and (unless asked not to) action [T, B]. The core appends the one-hot last
-action and the clipped reward to the features and, with use_lstm, runs an LSTM whose state is
-zeroed at episode boundaries (done). To try a new architecture, write a body.
+policy_logits [T, B, A], baseline [T, B] and (unless asked not to) action [T, B]. The core
+appends the one-hot last action and the clipped reward to the features and, with use_lstm, runs
+an LSTM whose state is zeroed at episode boundaries (done). To try a new architecture, write a body.
 """
 
 from __future__ import annotations
@@ -130,7 +130,9 @@ class ActorCritic(nn.Module):
             core_output = core_input
         policy_logits = self.policy(core_output)
         baseline = self.baseline(core_output)
-        outputs = dict(policy_logits=policy_logits.view(T, B, self.num_actions), baseline=baseline.view(T, B))
+        outputs = dict(
+            policy_logits=policy_logits.view(T, B, self.num_actions), baseline=baseline.view(T, B)
+        )
         if action == "greedy":
             outputs["action"] = policy_logits.argmax(dim=-1).view(T, B)
         elif action == "sample":

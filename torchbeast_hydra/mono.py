@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 
 from .config import num_buffers
 from .envs import Environments, EnvSpec
+from .learner import rollout_specs
 from .models import make_model
 from .training import StopOnSignals, TrainingRun
 
@@ -34,23 +35,6 @@ log = logging.getLogger(__name__)
 
 ENV_KEYS = ("frame", "reward", "done", "episode_return", "episode_step", "last_action", "episode_end")
 AGENT_KEYS = ("action", "policy_logits", "baseline")
-
-
-def rollout_specs(spec: EnvSpec) -> dict:
-    """The rollout layout shared by both backends: key -> (per-step shape, dtype)."""
-    return dict(
-        frame=(spec.obs_shape, torch.from_numpy(np.zeros(0, spec.obs_dtype)).dtype),
-        reward=((), torch.float32),
-        done=((), torch.bool),
-        episode_return=((), torch.float32),
-        episode_step=((), torch.int32),
-        last_action=((), torch.int64),
-        episode_end=((), torch.bool),
-        action=((), torch.int64),
-        policy_logits=((spec.num_actions,), torch.float32),
-        baseline=((), torch.float32),
-        mask=((), torch.bool),
-    )
 
 
 def create_buffers(spec: EnvSpec, unroll_length: int, count: int) -> dict:
