@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -32,14 +34,55 @@ def compose_config(overrides=()):
     return cfg
 
 
-def run_cli(run_dir: Path, *overrides: str, timeout: float = 180, check: bool = True):
-    """Runs `python -m torchbeast_hydra` with its run dir at run_dir; returns the CompletedProcess."""
+def run_cli(run_dir: Path, *overrides: str, timeout: float = 180, check: bool = True, env=None):
+    """Runs `python -m torchbeast_hydra` with its run dir at run_dir; returns the CompletedProcess.
+
+    env: the process environment (default: this one's)."""
     command = [sys.executable, "-m", "torchbeast_hydra", f"hydra.run.dir={run_dir}", *overrides]
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                            env=dict(os.environ, HYDRA_FULL_ERROR="0"))
+                            env=dict(os.environ if env is None else env, HYDRA_FULL_ERROR="0"))
     if check and result.returncode != 0:
         raise AssertionError(f"{command} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
     return result
+
+
+def rows(run_dir):
+    with open(run_dir / "logs.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def steps(run_dir):
+    return [int(row["step"]) for row in rows(run_dir)]
+
+
+def children(pid):
+    """Live child processes of pid (actors, and multiprocessing's helpers)."""
+    try:
+        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    except FileNotFoundError:
+        pytest.skip("pgrep is not available")
+    return [int(p) for p in out.split()]
+
+
+def actor_pids(pid):
+    return [p for p in children(pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def start_cli(run_dir, *overrides, env=None):
+    """Starts `python -m torchbeast_hydra` in the background (output in .stdout); env adds variables."""
+    command = [sys.executable, "-m", "torchbeast_hydra", f"hydra.run.dir={run_dir}", *overrides]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, **(env or {})))
 
 
 @pytest.fixture

@@ -393,11 +393,14 @@ def test_learning_rate_anneals_linearly_to_zero():
     assert all(torch.equal(b, a) for b, a in zip(before, params_of(learner)))
 
 
-def test_learning_rate_schedule_rounds_updates_up():
-    cfg = learner_cfg(batch_size=2, unroll_length=3, total_steps=25)  # ceil(25 / 6) = 5 updates
+def test_learning_rate_schedule_counts_real_steps_of_partial_rollouts():
+    cfg = learner_cfg(batch_size=2, unroll_length=3, total_steps=24)
     learner = make_learner(cfg)
-    stats = learner.update(learner_batch(cfg), ())
-    assert stats["learning_rate"] == pytest.approx(cfg.optim.learning_rate * 4 / 5)
+    batch = learner_batch(cfg)
+    batch["mask"][2:, 0] = False  # first rollout: 1 real step of 3; second: 3 of 3
+    stats = learner.update(batch, ())
+    assert learner.steps == 4
+    assert stats["learning_rate"] == pytest.approx(cfg.optim.learning_rate * (1 - 4 / 24))
 
 
 def test_learning_rate_constant_without_annealing():

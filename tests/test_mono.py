@@ -1,6 +1,5 @@
 """End-to-end runs of the mono backend through the CLI, on tiny CartPole and Pong configs."""
 
-import csv
 import os
 import signal
 import subprocess
@@ -14,44 +13,7 @@ import yaml
 
 from torchbeast_hydra import checkpoint
 
-from conftest import TINY, run_cli
-
-
-def rows(run_dir):
-    with open(run_dir / "logs.csv", newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def steps(run_dir):
-    return [int(row["step"]) for row in rows(run_dir)]
-
-
-def children(pid):
-    """Live child processes of pid (actors, and multiprocessing's helpers)."""
-    try:
-        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    except FileNotFoundError:
-        pytest.skip("pgrep is not available")
-    return [int(p) for p in out.split()]
-
-
-def actor_pids(pid):
-    return [p for p in children(pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
-
-
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def start_cli(run_dir, *overrides):
-    command = [sys.executable, "-m", "torchbeast_hydra", f"hydra.run.dir={run_dir}", *overrides]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+from conftest import TINY, actor_pids, children, rows, run_cli, start_cli, steps, wait_for
 
 
 def test_tiny_run_writes_logs_checkpoint_and_provenance(tiny_run):

@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import CheckpointError
-from .config import ConfigError, Mode, register_configs, validate
+from .config import ConfigError, Mode, PolyRole, register_configs, validate
 
 log = logging.getLogger("torchbeast_hydra")
 
@@ -65,12 +65,18 @@ def run(cfg: DictConfig) -> None:
     make_model(cfg.model, spec)  # and so does a model that does not fit the env
     write_run_info(run_dir)
 
-    from . import mono
+    if cfg.backend.name == "poly":
+        from .poly import learner as backend
+
+        if PolyRole(cfg.backend.role) is PolyRole.env:  # env clients only: no learner, no run state
+            sys.exit(backend.run_env_clients(cfg))
+    else:
+        from . import mono as backend
     from .training import TrainingRun
 
     training_run = TrainingRun(cfg, run_dir, spec)
     try:
-        mono.train(cfg, training_run)
+        backend.train(cfg, training_run)
     finally:
         training_run.close()
 

@@ -87,14 +87,49 @@ class OptimConfig:
 
 
 @dataclass
-class MonoConfig:
-    name: str = "mono"
-    num_actors: int = 4
-    envs_per_actor: int = 2  # stepped together and evaluated as one batch
-    num_buffers: Optional[int] = None  # rollout buffers in shared memory; None: enough for all
-    num_learner_threads: int = 2
+class BackendConfig:
+    """What both backends share: actor processes, each stepping a few envs together."""
+
+    name: str = MISSING
+    num_actors: int = 4  # mono: acting processes; poly: env client processes
+    envs_per_actor: int = 2  # stepped together; evaluated as one batch (mono) or sent as one message (poly)
     learner_torch_threads: int = 0  # intra-op threads for the learner; 0: all cores
     max_actor_restarts: int = 10  # a run whose actors keep dying stops with an error
+
+
+@dataclass
+class MonoConfig(BackendConfig):
+    name: str = "mono"
+    num_buffers: Optional[int] = None  # rollout buffers in shared memory; None: enough for all
+    num_learner_threads: int = 2
+
+
+class PolyRole(enum.Enum):
+    all = "all"  # the learner plus local env clients
+    learner = "learner"  # the learner and its ActorPool server only; clients connect from elsewhere
+    env = "env"  # env clients only, connecting to a learner at backend.address
+
+
+@dataclass
+class PolyConfig(BackendConfig):
+    name: str = "poly"
+    role: PolyRole = PolyRole.all
+    # The ActorPool server's host:port. Loopback by default; 0.0.0.0:PORT serves other machines.
+    # Port 0 picks a free port (fine for role=all); role=env connects to the learner's address.
+    address: str = "127.0.0.1:0"
+    # Clients must present this shared secret. Prefer the TORCHBEAST_TOKEN environment variable,
+    # which stays out of the saved config; role=all makes a random one when neither is set.
+    token: Optional[str] = None
+    # Central inference: up to max_batch_size envs per forward pass, waiting at most
+    # batch_timeout_ms after the first request for others to join.
+    max_batch_size: int = 64
+    batch_timeout_ms: float = 2.0
+    learner_queue_size: int = 64  # finished rollouts waiting for the learner (bounds memory)
+    cut_at_reset: bool = True  # an env reset ends its rollout early (a partial, masked rollout)
+    max_clients: int = 64  # concurrent client streams the server accepts
+    max_envs_per_client: int = 256  # sizes the message limit: larger steps are refused
+    connect_timeout_s: float = 60.0  # clients wait this long for a learner that is not up (yet)
+    inference_torch_threads: int = 1  # intra-op threads for central inference
 
 
 @dataclass
@@ -140,6 +175,7 @@ def register_configs() -> None:
     cs.store(group="vtrace", name="base_vtrace", node=VtraceConfig)
     cs.store(group="optim", name="base_optim", node=OptimConfig)
     cs.store(group="backend", name="base_mono", node=MonoConfig)
+    cs.store(group="backend", name="base_poly", node=PolyConfig)
 
 
 def num_buffers(cfg) -> int:
@@ -180,14 +216,16 @@ def validate(cfg) -> None:
     _check(cfg.env.frame_stack >= 1 and cfg.env.frame_skip >= 1, "env.frame_stack and env.frame_skip must be >= 1.")
     _check(0.0 <= cfg.env.sticky_action_prob <= 1.0, "env.sticky_action_prob must be in [0, 1].")
     _check(cfg.test.num_episodes >= 1, "test.num_episodes must be at least 1.")
+    _check(cfg.backend.num_actors >= 1, "backend.num_actors must be at least 1.")
+    _check(cfg.backend.envs_per_actor >= 1, "backend.envs_per_actor must be at least 1.")
     if cfg.backend.name == "mono":
         _validate_mono(cfg)
+    elif cfg.backend.name == "poly":
+        _validate_poly(cfg)
 
 
 def _validate_mono(cfg) -> None:
     backend = cfg.backend
-    _check(backend.num_actors >= 1, "backend.num_actors must be at least 1.")
-    _check(backend.envs_per_actor >= 1, "backend.envs_per_actor must be at least 1.")
     _check(backend.num_learner_threads >= 1, "backend.num_learner_threads must be at least 1.")
     buffers = num_buffers(cfg)
     _check(
@@ -201,4 +239,30 @@ def _validate_mono(cfg) -> None:
         buffers >= needed,
         f"backend.num_buffers={buffers} can deadlock with batch_size={cfg.batch_size}, "
         f"backend.envs_per_actor={backend.envs_per_actor}: use at least {needed}.",
+    )
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """'host:port' (or '[::1]:port') -> (host, port); raises ConfigError naming backend.address."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"backend.address={address!r}: use HOST:PORT, e.g. 127.0.0.1:4431.")
+    return host, int(port)
+
+
+def _validate_poly(cfg) -> None:
+    backend = cfg.backend
+    _, port = split_address(backend.address)
+    role = PolyRole(backend.role)
+    if role is PolyRole.env:
+        _check(port != 0, "backend.role=env needs the learner's address: backend.address=HOST:PORT.")
+    for key in ("max_batch_size", "learner_queue_size", "max_clients"):
+        _check(backend[key] >= 1, f"backend.{key} must be at least 1.")
+    _check(backend.batch_timeout_ms >= 0, "backend.batch_timeout_ms must be >= 0.")
+    _check(backend.connect_timeout_s > 0, "backend.connect_timeout_s must be positive.")
+    _check(backend.inference_torch_threads >= 1, "backend.inference_torch_threads must be at least 1.")
+    _check(
+        backend.envs_per_actor <= backend.max_envs_per_client,
+        f"backend.envs_per_actor={backend.envs_per_actor} is above backend.max_envs_per_client="
+        f"{backend.max_envs_per_client}, which sizes the message limit: raise it.",
     )

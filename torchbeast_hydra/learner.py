@@ -24,6 +24,11 @@ from .envs import EnvSpec
 log = logging.getLogger(__name__)
 
 
+# The rollout keys an env produces, and those the acting policy adds to the same row.
+ENV_KEYS = ("frame", "reward", "done", "episode_return", "episode_step", "last_action", "episode_end")
+AGENT_KEYS = ("action", "policy_logits", "baseline")
+
+
 def rollout_specs(spec: EnvSpec) -> dict:
     """The rollout layout shared by both backends: key -> (per-step shape, dtype)."""
     return dict(
@@ -100,13 +105,16 @@ def make_optimizer(cfg: OptimConfig, params) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=cfg.learning_rate, betas=tuple(cfg.betas), eps=cfg.epsilon)
 
 
-def make_scheduler(cfg: OptimConfig, optimizer, steps_per_update: int, total_steps: int):
-    """Linear annealing to zero at total_steps (TorchBeast's schedule), or a constant rate."""
+def make_scheduler(cfg: OptimConfig, optimizer, steps_done, total_steps: int):
+    """Linear annealing to zero at total_steps (TorchBeast's schedule), or a constant rate.
+
+    steps_done() returns the env steps learned from so far: counting steps rather than updates
+    keeps the schedule right when partial rollouts make updates of different sizes.
+    """
     if not cfg.anneal_lr:
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0)
-    total_updates = max(1, math.ceil(total_steps / steps_per_update))
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda update: max(0.0, 1.0 - update / total_updates)
+        optimizer, lambda update: max(0.0, 1.0 - steps_done() / total_steps)
     )
 
 
@@ -118,12 +126,13 @@ class Learner:
         self.device = device
         self.model = model.to(device)
         self.optimizer = make_optimizer(cfg.optim, model.parameters())
-        steps_per_update = cfg.batch_size * cfg.unroll_length
-        self.scheduler = make_scheduler(cfg.optim, self.optimizer, steps_per_update, cfg.total_steps)
+        self.steps = 0  # env steps learned from (real steps: the mask's count)
+        self.scheduler = make_scheduler(cfg.optim, self.optimizer, lambda: self.steps, cfg.total_steps)
         self.skipped_updates = 0
 
     def update(self, batch: dict, initial_core_state: tuple) -> dict:
         """One optimisation step; returns floats for logging. Non-finite updates are skipped."""
+        self.steps += int(batch["mask"][1:].sum())
         self.model.train()
         outputs, _ = self.model(batch, initial_core_state, action="none")
         losses = compute_losses(self.cfg.vtrace, batch, outputs)
@@ -146,9 +155,11 @@ class Learner:
             model=self.model.state_dict(),
             optimizer=self.optimizer.state_dict(),
             scheduler=self.scheduler.state_dict(),
+            steps=self.steps,
         )
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self.steps = state["steps"]

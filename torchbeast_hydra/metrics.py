@@ -26,8 +26,11 @@ CSV_FIELDS = [
     "entropy_loss",
     "grad_norm",
     "learning_rate",
-    "free_queue_size",
+    "free_queue_size",  # mono: rollout buffers free and full
     "full_queue_size",
+    "learner_queue_size",  # poly: rollouts waiting, mean inference batch, clients connected
+    "inference_batch_size",
+    "connected_clients",
 ]
 
 

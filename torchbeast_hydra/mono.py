@@ -27,14 +27,11 @@ from omegaconf import OmegaConf
 
 from .config import num_buffers
 from .envs import Environments, EnvSpec
-from .learner import rollout_specs
+from .learner import AGENT_KEYS, ENV_KEYS, rollout_specs
 from .models import make_model
 from .training import StopOnSignals, TrainingRun
 
 log = logging.getLogger(__name__)
-
-ENV_KEYS = ("frame", "reward", "done", "episode_return", "episode_step", "last_action", "episode_end")
-AGENT_KEYS = ("action", "policy_logits", "baseline")
 
 
 def create_buffers(spec: EnvSpec, unroll_length: int, count: int) -> dict:

@@ -84,7 +84,7 @@ class TrainingRun:
         A batch that arrives once total_steps is reached (another learner thread got there
         first) is dropped, so every run ends at the same step count.
         """
-        steps = self.cfg.unroll_length * self.cfg.batch_size
+        steps = int(batch["mask"][1:].sum())  # real steps: partial rollouts are padded
         ends = batch["episode_end"][1:] & batch["mask"][1:]
         episode_returns = batch["episode_return"][1:][ends].tolist()
         with self.lock:

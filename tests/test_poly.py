@@ -1,0 +1,164 @@
+"""End-to-end runs of the poly backend on loopback: one process, learner + env processes,
+a killed client, and hostile clients (no token, malformed messages) while training goes on."""
+
+import os
+import signal
+import socket
+
+import grpc
+import numpy as np
+import pytest
+
+from torchbeast_hydra import checkpoint
+from torchbeast_hydra.poly import wire
+
+from conftest import actor_pids, rows, run_cli, start_cli, steps, wait_for
+
+POLY_TINY = [
+    "experiment=cartpole",
+    "backend=poly",
+    "total_steps=2560",
+    "batch_size=4",
+    "unroll_length=16",
+    "backend.num_actors=2",
+    "backend.envs_per_actor=2",
+    "logger.log_interval_s=1",
+]
+TOKEN = "test-token-123"
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_role_all_trains_logs_checkpoints_and_test_mode_plays_it(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(run_dir, *POLY_TINY)
+    logged = rows(run_dir)
+    assert int(logged[-1]["step"]) >= 2560
+    assert steps(run_dir) == sorted(set(steps(run_dir)))
+    # Central inference batched the clients' envs; both clients were connected.
+    assert max(float(row["inference_batch_size"] or 0) for row in logged) >= 2
+    assert max(int(row["connected_clients"]) for row in logged) == 2
+    assert all(row["learner_queue_size"] != "" for row in logged)
+    state = checkpoint.load(checkpoint.path_in(run_dir))
+    assert state["step"] == int(logged[-1]["step"]) and state["config"]["backend"]["name"] == "poly"
+    assert "The learner finished training; exiting." in result.stderr + result.stdout
+
+    played = run_cli(tmp_path / "test", "mode=test", f"load_dir={run_dir}", "test.num_episodes=2")
+    assert "Mean return over 2 episodes" in played.stdout
+
+
+def test_killed_client_leaves_partial_rollouts_and_the_run_finishes(tmp_path):
+    run_dir = tmp_path / "run"
+    learner = start_cli(run_dir, *POLY_TINY, "total_steps=30000")
+    try:
+        wait_for(lambda: (run_dir / "logs.csv").exists() and len(rows(run_dir)) >= 2, 60, "training")
+        victim = actor_pids(learner.pid)[0]
+        os.kill(victim, signal.SIGKILL)
+        output, _ = learner.communicate(timeout=120)
+    finally:
+        learner.kill()
+    assert learner.returncode == 0, output
+    assert "unfinished unrolls go to the learner as partial rollouts" in output
+    assert "exited with code -9; starting a replacement" in output
+    assert steps(run_dir)[-1] >= 30000
+    # Partial rollouts count their real steps only: updates are not all B*T.
+    sizes = np.diff([0, *steps(run_dir)])
+    assert (sizes < 64).any() and (sizes <= 64).all()
+
+
+def raw_stream(port, messages, token=TOKEN):
+    """Sends raw request bytes on one Connect stream; returns the responses or the RpcError."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        connect = channel.stream_stream(wire.CONNECT, request_serializer=None,
+                                        response_deserializer=wire.ServerMessage.FromString)
+        try:
+            return list(connect(iter(messages), metadata=((wire.TOKEN_METADATA_KEY, token),), timeout=30))
+        except grpc.RpcError as error:
+            return error
+
+
+def hello(num_envs=1, obs_shape=(4,), num_actions=2):
+    message = wire.ClientMessage()
+    message.hello.env_id = "CartPole-v1"
+    message.hello.num_envs = num_envs
+    message.hello.obs_shape[:] = obs_shape
+    message.hello.obs_dtype = "float32"
+    message.hello.num_actions = num_actions
+    return message.SerializeToString()
+
+
+def step(num_envs=1, frame_shape=(4,), last_action=0, frame_dtype=np.float32):
+    return wire.encode_step(dict(
+        frame=np.zeros((num_envs, *frame_shape), frame_dtype),
+        reward=np.zeros(num_envs, np.float32), done=np.zeros(num_envs, bool),
+        episode_return=np.zeros(num_envs, np.float32), episode_step=np.zeros(num_envs, np.int32),
+        last_action=np.full(num_envs, last_action, np.int64), episode_end=np.zeros(num_envs, bool)))
+
+
+def test_learner_and_env_processes_with_hostile_clients(tmp_path):
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    env = dict(TORCHBEAST_TOKEN=TOKEN)
+    run_dir = tmp_path / "learner"
+    learner = start_cli(run_dir, *POLY_TINY, "total_steps=12000", "backend.role=learner",
+                        f"backend.address={address}", env=env)
+    clients = start_cli(tmp_path / "env", *POLY_TINY, "backend.role=env", f"backend.address={address}",
+                        "backend.num_actors=1", env=env)
+    try:
+        wait_for(lambda: (run_dir / "logs.csv").exists() and len(rows(run_dir)) >= 1, 60, "training")
+        good = raw_stream(port, [hello(), step()])
+        assert [m.WhichOneof("kind") for m in good] == ["welcome", "actions"]
+
+        refusals = {
+            "no token": (raw_stream(port, [hello()], token="wrong"), grpc.StatusCode.UNAUTHENTICATED),
+            "garbage": (raw_stream(port, [hello(), b"\xff\x00garbage"]), grpc.StatusCode.INVALID_ARGUMENT),
+            "shape": (raw_stream(port, [hello(), step(frame_shape=(5,))]), grpc.StatusCode.INVALID_ARGUMENT),
+            "dtype": (raw_stream(port, [hello(), step(frame_dtype=np.float64)]), grpc.StatusCode.INVALID_ARGUMENT),
+            "action": (raw_stream(port, [hello(), step(last_action=7)]), grpc.StatusCode.INVALID_ARGUMENT),
+            "env": (raw_stream(port, [hello(obs_shape=(4, 84, 84), num_actions=6)]),
+                    grpc.StatusCode.FAILED_PRECONDITION),
+            "oversized": (raw_stream(port, [hello(), b"\x00" * 2_000_000]), grpc.StatusCode.RESOURCE_EXHAUSTED),
+        }
+        for what, (error, code) in refusals.items():
+            assert isinstance(error, grpc.RpcError) and error.code() == code, (what, error)
+        assert "outside the action space" in refusals["action"][0].details()
+        assert "does not match the learner's CartPole-v1" in refusals["env"][0].details()
+
+        learner_output, _ = learner.communicate(timeout=120)
+        client_output, _ = clients.communicate(timeout=60)
+    finally:
+        learner.kill()
+        clients.kill()
+    assert learner.returncode == 0, learner_output
+    assert clients.returncode == 0, client_output
+    assert "The learner finished training; exiting." in client_output
+    assert learner_output.count("Refused client") == 6  # oversized never reaches our code
+    assert steps(run_dir)[-1] >= 12000
+
+
+def test_role_learner_without_a_token_fails_clearly(tmp_path):
+    env = {key: value for key, value in os.environ.items() if key != "TORCHBEAST_TOKEN"}
+    result = run_cli(tmp_path / "run", *POLY_TINY, "backend.role=learner", check=False, env=env)
+    assert result.returncode == 2
+    assert "export TORCHBEAST_TOKEN" in result.stderr + result.stdout
+
+
+def test_env_client_with_a_wrong_token_is_refused(tmp_path):
+    port = free_port()
+    env = dict(TORCHBEAST_TOKEN=TOKEN)
+    learner = start_cli(tmp_path / "learner", *POLY_TINY, "backend.role=learner",
+                        f"backend.address=127.0.0.1:{port}", env=env)
+    try:
+        clients = run_cli(tmp_path / "env", *POLY_TINY, "backend.role=env", f"backend.address=127.0.0.1:{port}",
+                          "backend.num_actors=1", "backend.token=not-the-token", check=False, timeout=90)
+    finally:
+        learner.send_signal(signal.SIGTERM)
+        learner.communicate(timeout=60)
+    assert clients.returncode != 0
+    assert "refused this client: UNAUTHENTICATED" in clients.stderr + clients.stdout

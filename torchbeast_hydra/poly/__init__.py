@@ -1,0 +1,9 @@
+"""PolyBeast: env clients stream to the learner's ActorPool server over gRPC.
+
+server.py   the ActorPool service: token check, one session per client stream, central inference
+batcher.py  the dynamic batcher behind central inference
+rollouts.py per-client unroll assembly, partial rollouts at resets and disconnects
+client.py   the env client (a process that steps envs and asks the server for actions)
+learner.py  the PolyBeast run: server + learner thread + local clients (role=all|learner)
+wire.py     the protobuf wire format (actorpool.proto)
+"""

@@ -1,0 +1,130 @@
+"""Dynamic batching: requests from many threads are evaluated together in one call.
+
+A request is a dict of tensors sharing a leading batch dimension (a client's envs). The worker
+takes the first waiting request, then gathers more until the batch would exceed max_batch_size,
+timeout_s has passed since it took the first, or every producer (producers(), when given) has a
+request in it: there is no one left to wait for. A request is never split, so one larger than
+max_batch_size runs alone.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import Callable
+
+import torch
+
+Tensors = dict  # str -> torch.Tensor with a leading batch dimension
+
+
+class BatcherClosed(RuntimeError):
+    """The batcher stopped before it could answer."""
+
+
+class DynamicBatcher:
+    def __init__(self, fn: Callable[[Tensors], Tensors], max_batch_size: int, timeout_s: float,
+                 producers: Callable[[], int] | None = None, name: str = "batcher"):
+        self.fn = fn
+        self.producers = producers
+        self.max_batch_size = max_batch_size
+        self.timeout_s = timeout_s
+        self._requests = queue.Queue()
+        self._carry = None  # a request taken that did not fit the last batch
+        self._closed = threading.Event()
+        self._closing = threading.Lock()  # no request can slip in after close() drains the queue
+        self._sizes_lock = threading.Lock()
+        self._sizes = []  # batch sizes since the last take_batch_sizes()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, inputs: Tensors) -> Future:
+        future = Future()
+        size = _size(inputs)
+        with self._closing:
+            if self._closed.is_set():
+                future.set_exception(BatcherClosed("the batcher is closed"))
+            else:
+                self._requests.put((inputs, size, future))
+        return future
+
+    def __call__(self, inputs: Tensors) -> Tensors:
+        """Submits and waits for the answer."""
+        return self.submit(inputs).result()
+
+    def take_batch_sizes(self) -> list:
+        """The sizes of the batches run since the last call (for logging)."""
+        with self._sizes_lock:
+            sizes, self._sizes = self._sizes, []
+        return sizes
+
+    def close(self) -> None:
+        with self._closing:
+            self._closed.set()
+        self._thread.join()
+        for _, _, future in self._drain():
+            future.set_exception(BatcherClosed("the batcher is closed"))
+
+    def _drain(self) -> list:
+        pending = [self._carry] if self._carry else []
+        self._carry = None
+        while True:
+            try:
+                pending.append(self._requests.get_nowait())
+            except queue.Empty:
+                return pending
+
+    def _next(self, timeout: float):
+        if self._carry is not None:
+            request, self._carry = self._carry, None
+            return request
+        return self._requests.get(timeout=timeout) if timeout > 0 else self._requests.get_nowait()
+
+    def _gather(self) -> list:
+        """One batch of requests: the first waiting, then whoever arrives before the deadline."""
+        batch = [self._next(timeout=0.1)]
+        size = batch[0][1]
+        deadline = time.monotonic() + self.timeout_s
+        while size < self.max_batch_size:
+            if self.producers is not None and len(batch) >= self.producers():
+                break
+            try:
+                request = self._next(timeout=deadline - time.monotonic())
+            except queue.Empty:
+                break
+            if size + request[1] > self.max_batch_size:
+                self._carry = request
+                break
+            batch.append(request)
+            size += request[1]
+        return batch
+
+    def _loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                batch = self._gather()
+            except queue.Empty:
+                continue
+            sizes = [size for _, size, _ in batch]
+            try:
+                inputs = {key: torch.cat([request[key] for request, _, _ in batch])
+                          for key in batch[0][0]}
+                outputs = self.fn(inputs)
+                parts = {key: value.split(sizes) for key, value in outputs.items()}
+            except Exception as error:  # answer every caller; the batcher keeps serving
+                for _, _, future in batch:
+                    future.set_exception(error)
+                continue
+            with self._sizes_lock:
+                self._sizes.append(sum(sizes))
+            for i, (_, _, future) in enumerate(batch):
+                future.set_result({key: value[i] for key, value in parts.items()})
+
+
+def _size(inputs: Tensors) -> int:
+    sizes = {value.shape[0] for value in inputs.values()}
+    if len(sizes) != 1:
+        raise ValueError(f"inputs must share their leading (batch) dimension, got sizes {sorted(sizes)}")
+    return sizes.pop()

@@ -1,0 +1,149 @@
+"""The env client: steps a few envs and asks the learner's ActorPool for their actions.
+
+Connections are client-initiated only, so clients may sit behind NAT. A client waits up to
+backend.connect_timeout_s for a learner that is not up (or has gone away) and reconnects when
+it returns; it exits 0 when the learner says training has finished.
+
+    python -m torchbeast_hydra backend=poly backend.role=env backend.address=HOST:PORT
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import sys
+import time
+
+import grpc
+import numpy as np
+
+from ..config import EnvConfig
+from ..envs import Environments, env_spec, make_env
+from . import wire
+
+log = logging.getLogger(__name__)
+
+# Exit codes of a client process.
+FINISHED, REFUSED, UNREACHABLE = 0, 2, 3
+
+# A refusal the client cannot fix by retrying: wrong token, env or message.
+PERMANENT = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+             grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT}
+
+
+class ClientRefused(RuntimeError):
+    pass
+
+
+def channel_options(max_message_bytes: int) -> list:
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        # Notice a vanished peer (a machine that went away without closing the connection).
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+    ]
+
+
+class EnvClient:
+    def __init__(self, env_cfg: EnvConfig, address: str, token: str, num_envs: int,
+                 connect_timeout_s: float, max_message_bytes: int):
+        self.env_cfg = env_cfg
+        self.address = address
+        self.token = token
+        self.num_envs = num_envs
+        self.connect_timeout_s = connect_timeout_s
+        self.max_message_bytes = max_message_bytes
+        probe = make_env(env_cfg)
+        self.spec = env_spec(probe, env_cfg.id)
+        probe.close()
+        self.envs = None  # made at the first welcome, seeded by the server
+        self.outputs = None
+
+    def run(self) -> int:
+        """Serves the learner until it finishes; returns the process exit code."""
+        deadline = time.monotonic() + self.connect_timeout_s
+        backoff = 0.1
+        try:
+            while True:
+                try:
+                    self._session()
+                    log.info("The learner finished training; exiting.")
+                    return FINISHED
+                except ClientRefused as refused:
+                    log.error("The learner at %s refused this client: %s", self.address, refused)
+                    return REFUSED
+                except ConnectionError as lost:
+                    if self.outputs is not None:  # we were connected: wait afresh for the learner
+                        deadline = max(deadline, time.monotonic() + self.connect_timeout_s)
+                    if time.monotonic() > deadline:
+                        log.error("No learner at %s for %.0f s (%s); giving up (backend.connect_timeout_s).",
+                                  self.address, self.connect_timeout_s, lost)
+                        return UNREACHABLE
+                    time.sleep(backoff)
+                    backoff = min(2 * backoff, 2.0)
+        finally:
+            if self.envs is not None:
+                self.envs.close()
+
+    def _session(self) -> None:
+        """One connection: hello, then a step per answer until the learner finishes."""
+        with grpc.insecure_channel(self.address, options=channel_options(self.max_message_bytes)) as channel:
+            try:
+                grpc.channel_ready_future(channel).result(timeout=2.0)
+            except grpc.FutureTimeoutError:
+                raise ConnectionError("cannot connect") from None
+            connect = channel.stream_stream(wire.CONNECT, request_serializer=None,
+                                            response_deserializer=wire.ServerMessage.FromString)
+            outgoing = queue.SimpleQueue()
+            responses = connect(iter(outgoing.get, None), metadata=((wire.TOKEN_METADATA_KEY, self.token),))
+            try:
+                outgoing.put(self._hello())
+                self._serve(responses, outgoing)
+            except grpc.RpcError as error:
+                if error.code() in PERMANENT:
+                    raise ClientRefused(f"{error.code().name}: {error.details()}") from None
+                raise ConnectionError(f"{error.code().name}: {error.details()}") from None
+            finally:
+                outgoing.put(None)  # ends the request stream
+                responses.cancel()
+
+    def _serve(self, responses, outgoing) -> None:
+        for message in responses:
+            kind = message.WhichOneof("kind")
+            if kind == "welcome":
+                if self.envs is None:
+                    self.envs = Environments(self.env_cfg, self.num_envs, seed=message.welcome.seed,
+                                             episodic_life=self.env_cfg.episodic_life)
+                    self.outputs = self.envs.initial()
+                # After a reconnect the envs carry on where they were; the server starts fresh unrolls.
+            elif kind == "actions":
+                actions = wire.decode_actions(message.actions, self.num_envs, self.spec.num_actions)
+                self.outputs = self.envs.step(actions)
+            elif kind == "finished":
+                return
+            else:
+                raise ConnectionError("the learner sent an empty message")
+            outgoing.put(wire.encode_step(self.outputs))
+        raise ConnectionError("the learner closed the stream")
+
+    def _hello(self) -> bytes:
+        message = wire.ClientMessage()
+        hello = message.hello
+        hello.env_id = self.env_cfg.id
+        hello.num_envs = self.num_envs
+        hello.obs_shape[:] = self.spec.obs_shape
+        hello.obs_dtype = np.dtype(self.spec.obs_dtype).name
+        hello.num_actions = self.spec.num_actions
+        return message.SerializeToString()
+
+
+def client_main(env_cfg: EnvConfig, address: str, token: str, num_envs: int, connect_timeout_s: float,
+                max_message_bytes: int, ignore_sigint: bool) -> None:
+    """A client process's entry point (spawned by role=all or role=env)."""
+    if ignore_sigint:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][client][%(levelname)s] - %(message)s")
+    client = EnvClient(env_cfg, address, token, num_envs, connect_timeout_s, max_message_bytes)
+    sys.exit(client.run())

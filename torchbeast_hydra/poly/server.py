@@ -1,0 +1,167 @@
+"""The ActorPool gRPC service: env clients stream their envs' outputs and receive actions.
+
+Each client stream is one session: the server checks the client's token and env, then for
+every Step writes the rows of its unrolls (rollouts.py), evaluates the policy for its envs in
+the shared dynamic batch (batcher.py) and answers with actions. LSTM state per env lives here.
+A malformed message ends that client's stream with INVALID_ARGUMENT; the server and the other
+clients carry on. Unrolls a leaving client had started are handed on as partial rollouts.
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import logging
+import threading
+
+import grpc
+import numpy as np
+import torch
+
+from ..envs import EnvSpec
+from ..learner import rollout_specs
+from . import wire
+from .batcher import BatcherClosed, DynamicBatcher
+from .rollouts import Emit, RolloutBuilder
+
+log = logging.getLogger(__name__)
+
+POLICY_INPUTS = ("frame", "reward", "done", "last_action")
+
+
+class Refused(Exception):
+    """A client the server will not serve; carries the gRPC status to end its stream with."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+class ActorPool:
+    """The service behind ActorPool/Connect; one instance serves every client."""
+
+    def __init__(self, spec: EnvSpec, env_id: str, inference: DynamicBatcher, initial_state,
+                 emit: Emit, token: str, unroll_length: int, cut_at_reset: bool,
+                 max_envs_per_client: int, seed: int):
+        self.spec = spec
+        self.env_id = env_id
+        self.inference = inference
+        self.initial_state = initial_state  # num_envs -> tuple of [num_envs, ...] tensors
+        self.emit = emit
+        self.token = token.encode()
+        self.unroll_length = unroll_length
+        self.cut_at_reset = cut_at_reset
+        self.max_envs_per_client = max_envs_per_client
+        self.seed = seed
+        self.stopping = threading.Event()
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self.connected = 0
+        self.rejected = 0  # streams ended for a bad token, env or message
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        # Requests arrive as bytes and are parsed here, so garbage gets our status and message.
+        method = grpc.stream_stream_rpc_method_handler(
+            self.connect, request_deserializer=None,
+            response_serializer=wire.ServerMessage.SerializeToString)
+        return grpc.method_handlers_generic_handler(wire.SERVICE, {"Connect": method})
+
+    def connect(self, requests, context):
+        peer = context.peer()
+        session = None
+        try:
+            self._authenticate(context)
+            hello = self._hello(next(requests, None))
+            client_id = next(self._ids)
+            session = Session(self, hello.num_envs)
+            with self._lock:
+                self.connected += 1
+            log.info("Client %d connected from %s with %d envs.", client_id, peer, hello.num_envs)
+            seed = self.seed * 1_000_003 + client_id * self.max_envs_per_client
+            yield wire.ServerMessage(welcome=wire.Welcome(client_id=client_id, seed=seed))
+            for raw in requests:
+                if self.stopping.is_set():
+                    break
+                try:
+                    actions = session.step(self._step(raw, hello.num_envs))
+                except BatcherClosed:
+                    break
+                message = wire.ServerMessage()
+                wire.encode_array(actions, message.actions)
+                yield message
+            else:
+                return  # the client closed its stream
+            yield wire.ServerMessage(finished=wire.Finished(reason="training finished"))
+        except Refused as refused:
+            with self._lock:
+                self.rejected += 1
+            log.warning("Refused client %s: %s", peer, refused.details)
+            context.abort(refused.code, refused.details)
+        finally:
+            if session is not None:
+                partial = session.close()
+                with self._lock:
+                    self.connected -= 1
+                if not self.stopping.is_set():
+                    log.info("Client %d left; its %d unfinished unrolls go to the learner as partial rollouts.",
+                             client_id, partial)
+
+    def _authenticate(self, context) -> None:
+        token = dict(context.invocation_metadata()).get(wire.TOKEN_METADATA_KEY, "")
+        if not hmac.compare_digest(token.encode(), self.token):
+            raise Refused(grpc.StatusCode.UNAUTHENTICATED,
+                          "missing or wrong token: start clients with the learner's TORCHBEAST_TOKEN")
+
+    def _hello(self, raw: bytes | None):
+        if raw is None:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "the stream ended before its hello")
+        try:
+            message = wire.parse(wire.ClientMessage, raw)
+        except wire.WireError as error:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed hello: {error}") from None
+        if message.WhichOneof("kind") != "hello":
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "a stream must start with a hello")
+        hello, spec = message.hello, self.spec
+        theirs = (tuple(hello.obs_shape), hello.obs_dtype, hello.num_actions)
+        ours = (tuple(spec.obs_shape), np.dtype(spec.obs_dtype).name, spec.num_actions)
+        if theirs != ours:
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"the client's env {hello.env_id} (observations {theirs[1]} {list(theirs[0])}, "
+                          f"{theirs[2]} actions) does not match the learner's {self.env_id} "
+                          f"({ours[1]} {list(ours[0])}, {ours[2]} actions): start clients with the same env config")
+        if not 1 <= hello.num_envs <= self.max_envs_per_client:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"num_envs={hello.num_envs} must be in [1, {self.max_envs_per_client}] "
+                          "(backend.max_envs_per_client)")
+        return hello
+
+    def _step(self, raw: bytes, num_envs: int) -> dict:
+        try:
+            message = wire.parse(wire.ClientMessage, raw)
+            return wire.decode_step(message, num_envs, self.spec.obs_shape,
+                                    np.dtype(self.spec.obs_dtype).name, self.spec.num_actions)
+        except wire.WireError as error:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed step: {error}") from None
+
+
+class Session:
+    """One client's envs: their unrolls, their LSTM state, and acting for them."""
+
+    def __init__(self, pool: ActorPool, num_envs: int):
+        self.inference = pool.inference
+        self.core_state = pool.initial_state(num_envs)
+        self.builder = RolloutBuilder(rollout_specs(pool.spec), num_envs, pool.unroll_length,
+                                      self.core_state, pool.cut_at_reset, pool.emit)
+
+    def step(self, env_outputs: dict) -> np.ndarray:
+        self.builder.add(env_outputs, self.core_state)
+        inputs = {key: torch.from_numpy(env_outputs[key]) for key in POLICY_INPUTS}
+        inputs.update({f"core_state_{i}": s for i, s in enumerate(self.core_state)})
+        outputs = self.inference(inputs)
+        self.core_state = tuple(outputs[f"core_state_{i}"] for i in range(len(self.core_state)))
+        self.builder.set_agent_outputs({key: value.numpy() for key, value in outputs.items()})
+        return outputs["action"].numpy()
+
+    def close(self) -> int:
+        """Hands on the unfinished unrolls; returns how many there were."""
+        return self.builder.flush()
