@@ -1,0 +1,294 @@
+"""The poly backend's parts: the wire format, the dynamic batcher, unroll assembly."""
+
+import math
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from torchbeast_hydra.config import VtraceConfig
+from torchbeast_hydra.envs import EnvSpec
+from torchbeast_hydra.learner import compute_losses, rollout_specs
+from torchbeast_hydra.poly import wire
+from torchbeast_hydra.poly.batcher import BatcherClosed, DynamicBatcher
+from torchbeast_hydra.poly.rollouts import RolloutBuilder, stack_rollouts
+
+# -- wire ----------------------------------------------------------------------------------------
+
+
+def test_descriptor_matches_the_proto_file(tmp_path):
+    protoc = pytest.importorskip("grpc_tools.protoc")
+    from google.protobuf import descriptor_pb2
+
+    proto_dir = Path(wire.__file__).resolve().parents[2]
+    out = tmp_path / "set.pb"
+    assert protoc.main(["protoc", f"-I{proto_dir}", f"--descriptor_set_out={out}",
+                        "torchbeast_hydra/poly/actorpool.proto"]) == 0
+    compiled = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file[0]
+    ours = wire.file_descriptor()
+    for message in compiled.message_type:  # protoc adds JSON names, which we do not use
+        for field in message.field:
+            field.ClearField("json_name")
+    assert compiled.message_type == ours.message_type
+    assert compiled.service == ours.service
+    assert compiled.package == ours.package
+
+
+def test_array_round_trip_keeps_dtype_shape_and_values():
+    array = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
+    message = wire.Array.FromString(wire.encode_array(array).SerializeToString())
+    decoded = decode = wire.decode_array(message, "frame", "uint8", (2, 3, 4))
+    np.testing.assert_array_equal(decode, array)
+    decoded[0, 0, 0] = 99  # a writable copy, not a view of the message
+    assert message.data[0] == 0
+
+
+@pytest.mark.parametrize("dtype, shape, data, reason", [
+    ("float32", (2, 3, 4), None, "expected uint8 [2, 3, 4], got float32"),
+    ("uint8", (2, 3), None, "expected uint8 [2, 3, 4], got uint8 [2, 3]"),
+    ("uint8", (2, 3, 4), b"\x00" * 7, "7 bytes do not make"),
+])
+def test_array_with_wrong_dtype_shape_or_size_is_rejected(dtype, shape, data, reason):
+    message = wire.encode_array(np.zeros(shape, dtype))
+    if data is not None:
+        message.data = data
+    with pytest.raises(wire.WireError, match=reason.replace("[", r"\[").replace("]", r"\]")):
+        wire.decode_array(message, "frame", "uint8", (2, 3, 4))
+
+
+def env_outputs(n=2, last_action=0, reward=0.0):
+    return dict(frame=np.zeros((n, 4), np.float32), reward=np.full(n, reward, np.float32),
+                done=np.zeros(n, bool), episode_return=np.zeros(n, np.float32),
+                episode_step=np.zeros(n, np.int32), last_action=np.full(n, last_action, np.int64),
+                episode_end=np.zeros(n, bool))
+
+
+def decode(raw, n=2):
+    return wire.decode_step(wire.parse(wire.ClientMessage, raw), n, (4,), "float32", 3)
+
+
+def test_step_round_trip():
+    outputs = env_outputs()
+    outputs["frame"][1] = [1, 2, 3, 4]
+    decoded = decode(wire.encode_step(outputs))
+    for key, value in outputs.items():
+        np.testing.assert_array_equal(decoded[key], value)
+
+
+@pytest.mark.parametrize("raw, reason", [
+    (b"\xff\xff\xff\xff", "not a ClientMessage"),
+    (wire.ClientMessage(hello=wire.Hello(env_id="x")).SerializeToString(), "expected a step, got hello"),
+    (b"", "expected a step, got an empty message"),
+    (wire.encode_step(env_outputs(last_action=3)), "outside the action space"),
+    (wire.encode_step(env_outputs(reward=math.nan)), "must be finite"),
+    (wire.encode_step(env_outputs(n=3)), "expected float32 \\[2, 4\\], got float32 \\[3, 4\\]"),
+])
+def test_malformed_steps_are_rejected_with_the_reason(raw, reason):
+    with pytest.raises(wire.WireError, match=reason):
+        decode(raw)
+
+
+def test_actions_outside_the_action_space_are_rejected():
+    with pytest.raises(wire.WireError, match="outside the action space"):
+        wire.decode_actions(wire.encode_array(np.array([0, 5])), 2, 3)
+
+
+# -- dynamic batcher -----------------------------------------------------------------------------
+
+
+class Recorder:
+    """fn for a batcher: doubles its input and records the batch sizes it saw."""
+
+    def __init__(self, delay=0.0):
+        self.sizes, self.delay = [], delay
+
+    def __call__(self, inputs):
+        self.sizes.append(len(inputs["x"]))
+        time.sleep(self.delay)
+        return {"y": inputs["x"] * 2}
+
+
+def test_many_producers_get_their_own_answers_in_batches_of_at_most_max_size():
+    fn = Recorder(delay=0.002)
+    batcher = DynamicBatcher(fn, max_batch_size=8, timeout_s=0.01)
+    errors = []
+
+    def producer(k):
+        for i in range(20):
+            x = torch.full((3,), float(k * 1000 + i))
+            y = batcher({"x": x})["y"]
+            if not torch.equal(y, x * 2):
+                errors.append((k, i))
+
+    threads = [threading.Thread(target=producer, args=(k,)) for k in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    batcher.close()
+    assert not errors
+    assert sum(fn.sizes) == 10 * 20 * 3
+    assert max(fn.sizes) <= 8  # 3 + 3 fit; a third request would not
+    assert max(fn.sizes) == 6  # and ten busy producers do fill batches
+
+
+def test_a_lone_request_runs_after_the_timeout_without_waiting_for_a_full_batch():
+    fn = Recorder()
+    batcher = DynamicBatcher(fn, max_batch_size=64, timeout_s=0.05)
+    started = time.monotonic()
+    batcher({"x": torch.ones(2)})
+    assert time.monotonic() - started < 5  # generous: it must not wait for 64
+    batcher.close()
+    assert fn.sizes == [2]
+
+
+def test_no_waiting_once_every_producer_is_in_the_batch():
+    fn = Recorder()
+    batcher = DynamicBatcher(fn, max_batch_size=64, timeout_s=60.0, producers=lambda: 1)
+    started = time.monotonic()
+    batcher({"x": torch.ones(2)})
+    assert time.monotonic() - started < 30  # not the 60 s timeout
+    batcher.close()
+
+
+def test_a_request_larger_than_max_runs_alone_and_unsplit():
+    fn = Recorder()
+    batcher = DynamicBatcher(fn, max_batch_size=4, timeout_s=0.01)
+    assert batcher({"x": torch.ones(10)})["y"].shape == (10,)
+    batcher.close()
+    assert fn.sizes == [10]
+
+
+def test_an_error_reaches_every_caller_and_the_batcher_keeps_serving():
+    def fn(inputs):
+        if (inputs["x"] < 0).any():
+            raise ValueError("negative input")
+        return {"y": inputs["x"]}
+
+    batcher = DynamicBatcher(fn, max_batch_size=4, timeout_s=0.01)
+    with pytest.raises(ValueError, match="negative input"):
+        batcher({"x": -torch.ones(1)})
+    assert batcher({"x": torch.ones(1)})["y"].item() == 1
+    batcher.close()
+    with pytest.raises(BatcherClosed):
+        batcher({"x": torch.ones(1)})
+
+
+def test_inputs_must_share_the_batch_dimension():
+    batcher = DynamicBatcher(Recorder(), max_batch_size=4, timeout_s=0.01)
+    with pytest.raises(ValueError, match="leading"):
+        batcher.submit({"x": torch.ones(2), "z": torch.ones(3)})
+    batcher.close()
+
+
+# -- unroll assembly -----------------------------------------------------------------------------
+
+SPEC = EnvSpec(obs_shape=(1,), obs_dtype=np.dtype("float32"), num_actions=2)
+
+
+class Steps:
+    """Drives a RolloutBuilder like a session: env k's frame at its step t is 100*k + t."""
+
+    def __init__(self, num_envs=2, unroll_length=3, cut_at_reset=True, state_size=0):
+        self.emitted = []
+        self.n = num_envs
+        initial = (torch.zeros(num_envs, state_size),) if state_size else ()
+        self.builder = RolloutBuilder(rollout_specs(SPEC), num_envs, unroll_length, initial, cut_at_reset,
+                                      lambda rollout, state: self.emitted.append((rollout, state)))
+        self.t = 0
+
+    def step(self, episode_end=(), state=()):
+        out = env_outputs(self.n)
+        out["frame"] = np.array([[100.0 * k + self.t] for k in range(self.n)], np.float32)
+        out["reward"][:] = self.t
+        out["episode_end"][list(episode_end)] = True
+        out["done"] = out["episode_end"].copy()
+        self.builder.add(out, state)
+        # The policy's outputs for this row: action t % 2, baseline = frame.
+        self.builder.set_agent_outputs(dict(action=np.full(self.n, self.t % 2), baseline=out["frame"][:, 0],
+                                            policy_logits=np.zeros((self.n, 2), np.float32)))
+        self.t += 1
+
+
+def test_full_unrolls_follow_the_layout_and_overlap_by_one_row():
+    steps = Steps(num_envs=2, unroll_length=3)
+    for _ in range(7):  # rows 0..3 make the first unroll; rows 3..6 the second
+        steps.step()
+    assert len(steps.emitted) == 4  # two envs x two unrolls
+    (first, _), (_, _), (second, _), _ = steps.emitted
+    assert first["frame"][:, 0].tolist() == [0, 1, 2, 3]
+    # Row t+1 holds the response to the action chosen at row t, and that choice's outputs.
+    assert first["reward"].tolist() == [0, 1, 2, 3]
+    assert first["action"].tolist() == [0, 0, 1, 0]  # row 0 has no action before it
+    assert first["baseline"].tolist() == [0, 0, 1, 2]
+    assert first["mask"].all()
+    assert second["frame"][:, 0].tolist() == [3, 4, 5, 6]
+    assert second["action"].tolist() == [0, 1, 0, 1]
+
+
+def test_a_reset_cuts_a_partial_rollout_and_the_next_starts_from_it():
+    steps = Steps(num_envs=2, unroll_length=4)
+    steps.step()
+    steps.step()
+    steps.step(episode_end=[1])  # env 1's episode ends at row 2
+    assert len(steps.emitted) == 1
+    rollout, _ = steps.emitted[0]
+    assert rollout["mask"].tolist() == [True, True, True, False, False]
+    assert rollout["frame"][:3, 0].tolist() == [100, 101, 102]
+    for _ in range(4):
+        steps.step()  # env 0 fills rows 3, 4; env 1 rows 1..4 of its new unroll
+    env0, env1 = steps.emitted[1], steps.emitted[2]
+    assert env0[0]["frame"][:, 0].tolist() == [0, 1, 2, 3, 4]
+    assert env1[0]["frame"][:, 0].tolist() == [102, 103, 104, 105, 106]
+    assert env1[0]["mask"].all()
+
+
+def test_without_cut_at_reset_unrolls_span_episodes():
+    steps = Steps(num_envs=1, unroll_length=3, cut_at_reset=False)
+    for t in range(4):
+        steps.step(episode_end=[0] if t == 1 else [])
+    (rollout, _), = steps.emitted
+    assert rollout["mask"].all() and rollout["done"].tolist() == [False, True, False, False]
+
+
+def test_flush_hands_on_unfinished_unrolls_and_skips_empty_ones():
+    steps = Steps(num_envs=2, unroll_length=5)
+    steps.step()
+    assert steps.builder.flush() == 0  # only row 0: nothing to learn from
+    steps.step()
+    steps.step()
+    steps.step()
+    assert steps.builder.flush() == 2
+    assert [r["mask"].sum().item() for r, _ in steps.emitted] == [3, 3]
+
+
+def test_core_state_recorded_is_the_state_before_row_zero():
+    steps = Steps(num_envs=1, unroll_length=2, state_size=3)
+    for t in range(5):
+        steps.step(state=(torch.full((1, 3), float(t)),))
+    states = [state[0].tolist() for _, state in steps.emitted]
+    assert states == [[0.0] * 3, [2.0] * 3]  # the initial state; then the one before row 2's frame
+
+
+def test_partial_rollout_vtrace_target_matches_a_hand_computation():
+    # T=4 with a disconnect after 2 real steps; on-policy (rho = 1), gamma = 0.5.
+    steps = Steps(num_envs=1, unroll_length=4)
+    for _ in range(3):
+        steps.step()
+    steps.builder.flush()
+    (rollout, _), = steps.emitted
+    batch, _ = stack_rollouts(steps.emitted)
+    logits = batch["policy_logits"]
+    values = torch.tensor([[1.0], [2.0], [4.0], [8.0], [16.0]])  # V(x_0..x_4); x_3, x_4 are padding
+    outputs = dict(policy_logits=torch.cat([logits[1:], logits[:1]]), baseline=values)
+    cfg = OmegaConf.structured(VtraceConfig(discounting=0.5, baseline_cost=1.0, entropy_cost=0.0))
+    losses = compute_losses(cfg, batch, outputs)
+    # Rewards of rows 1, 2 are 1 and 2 (clipped to 1, 1). vs_1 = r_1 + g V(x_2) = 1 + 2 = 3;
+    # vs_0 = r_0 + g vs_1 = 1 + 1.5 = 2.5. The padding adds nothing.
+    expected = 0.5 * ((2.5 - 1.0) ** 2 + (3.0 - 2.0) ** 2)
+    assert losses["baseline_loss"].item() == pytest.approx(expected)
+    assert rollout["mask"].tolist() == [True, True, True, False, False]
