@@ -2,15 +2,17 @@
 
     python benchmarks/throughput.py                       # Pong, atari_net, B=8, T=80, mono
     python benchmarks/throughput.py --seconds 120 backend.envs_per_actor=4
+    python benchmarks/throughput.py backend=poly         # the same on the poly backend
 
 Runs training for --seconds (after a warm-up that is excluded from the rate), then prints the
 steady-state steps/s, the single-env step rate measured in the same run, and peak memory (PSS of
-the whole process tree, so shared buffers count once).
+the whole process tree, so shared buffers count once), then where the CPU time of a step goes.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -65,6 +67,29 @@ def main() -> None:
     print(f"training:      {sps:,.0f} steps/s over {steady[-1]['time_s'] - steady[0]['time_s']:.0f} s "
           f"after {args.warmup:.0f} s warm-up ({rows[-1]['step']:,} steps in {wall:.0f} s wall, exit {rc})")
     print(f"peak memory:   {peak / 2**20:,.0f} MiB (PSS, whole process tree)")
+    print_breakdown(steady, sps, raw)
+
+
+def mean_of(rows: list, key: str) -> float | None:
+    values = [float(row[key]) for row in rows if row.get(key) not in (None, "")]
+    return sum(values) / len(values) if values else None
+
+
+def print_breakdown(rows: list, sps: float, raw_env_sps: float) -> None:
+    """Core-milliseconds per env step: env, learner, central inference (poly), and the rest."""
+    steps_per_update = mean_of([dict(d=b["step"] - a["step"]) for a, b in zip(rows, rows[1:])], "d")
+    parts = {"env step (one core)": 1000 / raw_env_sps}
+    update_ms = mean_of(rows, "update_ms")
+    if update_ms is not None and steps_per_update:
+        parts["learner update"] = update_ms / steps_per_update
+    inference_ms, batch = mean_of(rows, "inference_ms"), mean_of(rows, "inference_batch_size")
+    if inference_ms is not None and batch:
+        parts[f"central inference (mean batch {batch:.1f})"] = inference_ms / batch
+    budget = (os.cpu_count() or 1) * 1000 / sps
+    print(f"per step:      {budget:.2f} core-ms available at this rate on {os.cpu_count()} cores; of which")
+    for name, ms in parts.items():
+        print(f"  {name + ':':42s} {ms:.2f} ms")
+    print(f"  {'the rest (acting, messages, copies, idle):':42s} {budget - sum(parts.values()):.2f} ms")
 
 
 if __name__ == "__main__":

@@ -129,6 +129,7 @@ def test_many_producers_get_their_own_answers_in_batches_of_at_most_max_size():
         t.start()
     for t in threads:
         t.join()
+    assert [size for size, _ in batcher.take_stats()] == fn.sizes
     batcher.close()
     assert not errors
     assert sum(fn.sizes) == 10 * 20 * 3

@@ -28,8 +28,10 @@ CSV_FIELDS = [
     "learning_rate",
     "free_queue_size",  # mono: rollout buffers free and full
     "full_queue_size",
-    "learner_queue_size",  # poly: rollouts waiting, mean inference batch, clients connected
+    "update_ms",  # the learner's time for this update
+    "learner_queue_size",  # poly: rollouts waiting, mean inference batch and time, clients connected
     "inference_batch_size",
+    "inference_ms",
     "connected_clients",
 ]
 

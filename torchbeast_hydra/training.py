@@ -90,7 +90,9 @@ class TrainingRun:
         with self.lock:
             if self.stats.step >= self.cfg.total_steps:
                 return None
+            started = time.perf_counter()
             update_stats = self.learner.update(batch, initial_core_state)
+            update_stats["update_ms"] = round(1000 * (time.perf_counter() - started), 2)
             return self.stats.record(steps, episode_returns, update_stats, queues)
 
     def maybe_checkpoint(self) -> None:

@@ -26,17 +26,21 @@ class BatcherClosed(RuntimeError):
 
 class DynamicBatcher:
     def __init__(self, fn: Callable[[Tensors], Tensors], max_batch_size: int, timeout_s: float,
-                 producers: Callable[[], int] | None = None, name: str = "batcher"):
+                 producers: Callable[[], int] | None = None, setup: Callable[[], None] | None = None,
+                 name: str = "batcher"):
+        """producers: how many callers there are (no waiting once all are in a batch);
+        setup: run first on the worker thread (e.g. torch.set_num_threads, which is per thread)."""
         self.fn = fn
         self.producers = producers
+        self.setup = setup
         self.max_batch_size = max_batch_size
         self.timeout_s = timeout_s
         self._requests = queue.Queue()
         self._carry = None  # a request taken that did not fit the last batch
         self._closed = threading.Event()
         self._closing = threading.Lock()  # no request can slip in after close() drains the queue
-        self._sizes_lock = threading.Lock()
-        self._sizes = []  # batch sizes since the last take_batch_sizes()
+        self._stats_lock = threading.Lock()
+        self._stats = []  # (batch size, seconds in fn) since the last take_stats()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -54,11 +58,11 @@ class DynamicBatcher:
         """Submits and waits for the answer."""
         return self.submit(inputs).result()
 
-    def take_batch_sizes(self) -> list:
-        """The sizes of the batches run since the last call (for logging)."""
-        with self._sizes_lock:
-            sizes, self._sizes = self._sizes, []
-        return sizes
+    def take_stats(self) -> list:
+        """(size, seconds) of each batch run since the last call (for logging)."""
+        with self._stats_lock:
+            stats, self._stats = self._stats, []
+        return stats
 
     def close(self) -> None:
         with self._closing:
@@ -102,12 +106,15 @@ class DynamicBatcher:
         return batch
 
     def _loop(self) -> None:
+        if self.setup is not None:
+            self.setup()
         while not self._closed.is_set():
             try:
                 batch = self._gather()
             except queue.Empty:
                 continue
             sizes = [size for _, size, _ in batch]
+            started = time.perf_counter()
             try:
                 inputs = {key: torch.cat([request[key] for request, _, _ in batch])
                           for key in batch[0][0]}
@@ -117,8 +124,8 @@ class DynamicBatcher:
                 for _, _, future in batch:
                     future.set_exception(error)
                 continue
-            with self._sizes_lock:
-                self._sizes.append(sum(sizes))
+            with self._stats_lock:
+                self._stats.append((sum(sizes), time.perf_counter() - started))
             for i, (_, _, future) in enumerate(batch):
                 future.set_result({key: value[i] for key, value in parts.items()})
 

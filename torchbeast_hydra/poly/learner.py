@@ -126,7 +126,8 @@ class PolyBeast:
         self._sync_weights()
         self.rollouts = queue.Queue(maxsize=backend.learner_queue_size)
         self.inference = DynamicBatcher(self._infer, backend.max_batch_size, backend.batch_timeout_ms / 1000,
-                                        producers=lambda: self.pool.connected, name="inference")
+                                        producers=lambda: self.pool.connected, name="inference",
+                                        setup=lambda: torch.set_num_threads(backend.inference_torch_threads))
         self.pool = ActorPool(
             run.spec, cfg.env.id, self.inference, self._initial_state, self._enqueue, self.token,
             cfg.unroll_length, backend.cut_at_reset, backend.max_envs_per_client, cfg.seed)
@@ -187,15 +188,18 @@ class PolyBeast:
         return batch, core_state
 
     def _learn(self) -> None:
+        torch.set_num_threads(self.cfg.backend.learner_torch_threads or os.cpu_count())  # per thread
         try:
             while not self.run.done:
                 got = self._get_batch()
                 if got is None:
                     return
-                sizes = self.inference.take_batch_sizes()
+                batches = self.inference.take_stats()
+                sizes, seconds = zip(*batches) if batches else ((), ())
                 observed = dict(
                     learner_queue_size=self.rollouts.qsize(),
                     inference_batch_size=round(statistics.fmean(sizes), 2) if sizes else "",
+                    inference_ms=round(1000 * statistics.fmean(seconds), 3) if seconds else "",
                     connected_clients=self.pool.connected,
                 )
                 self.run.update(*got, observed)
@@ -229,7 +233,6 @@ class PolyBeast:
 
     def train(self) -> None:
         cfg, run, backend = self.cfg, self.run, self.cfg.backend
-        torch.set_num_threads(backend.learner_torch_threads or os.cpu_count())
         learner = threading.Thread(target=self._learn, name="learner", daemon=True)
         clients = None
         with StopOnSignals(run.stop_requested):
