@@ -2,7 +2,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from torchbeast_hydra.config import ConfigError, ModelName, OptimName, num_buffers, validate
+from torchbeast_hydra.config import ConfigError, ModelName, OptimName, PolyRole, num_buffers, to_plain_dict, validate
 
 from conftest import compose_config, run_cli
 
@@ -71,11 +71,30 @@ def test_wrong_types_fail_at_composition(override):
     (["device=tpu"], "device"),
     (["batch_size=64", "backend.num_buffers=16"], "larger than backend.num_buffers"),
     (["batch_size=8", "backend.num_buffers=9", "backend.envs_per_actor=4"], "deadlock"),
+    (["backend=poly", "backend.address=localhost"], "use HOST:PORT"),
+    (["backend=poly", "backend.address=localhost:99999"], "use HOST:PORT"),
+    (["backend=poly", "backend.role=env"], "needs the learner's address"),
+    (["backend=poly", "backend.max_batch_size=0"], "max_batch_size"),
+    (["backend=poly", "backend.envs_per_actor=300"], "max_envs_per_client"),
+    (["backend=poly", "backend.num_actors=0"], "num_actors"),
 ])
 def test_out_of_range_values_fail_validation(overrides, message):
     cfg = compose_config(overrides)
     with pytest.raises(ConfigError, match=message):
         validate(cfg)
+
+
+def test_poly_defaults_listen_on_loopback_and_presets_apply_to_it():
+    cfg = compose_config(["backend=poly", "experiment=cartpole"])
+    validate(cfg)
+    assert cfg.backend.role is PolyRole.all and cfg.backend.address.startswith("127.0.0.1:")
+    assert (cfg.backend.num_actors, cfg.backend.envs_per_actor) == (2, 4)  # from the preset
+
+
+def test_saved_configs_mask_the_token():
+    cfg = compose_config(["backend=poly", "backend.token=s3cret"])
+    assert to_plain_dict(cfg)["backend"]["token"] == "***"
+    assert cfg.backend.token == "s3cret"
 
 
 def test_default_buffers_hold_every_env_and_a_batch():

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 class ConfigError(ValueError):
@@ -176,6 +176,14 @@ def register_configs() -> None:
     cs.store(group="optim", name="base_optim", node=OptimConfig)
     cs.store(group="backend", name="base_mono", node=MonoConfig)
     cs.store(group="backend", name="base_poly", node=PolyConfig)
+
+
+def to_plain_dict(cfg) -> dict:
+    """The resolved config as plain data for checkpoints and trackers, with secrets masked."""
+    plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    if plain.get("backend", {}).get("token"):
+        plain["backend"]["token"] = "***"
+    return plain
 
 
 def num_buffers(cfg) -> int:

@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from . import checkpoint
-from .config import ConfigError
+from .config import ConfigError, to_plain_dict
 from .envs import EnvSpec
 from .learner import Learner
 from .metrics import CsvLog, Stats
@@ -65,7 +64,7 @@ class TrainingRun:
 
     def _check_compatible(self, state: dict) -> None:
         saved = state.get("config", {})
-        current = OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True)
+        current = to_plain_dict(self.cfg)
         for group in ("env", "model"):
             if saved.get(group) != current[group]:
                 raise checkpoint.CheckpointError(
@@ -106,7 +105,7 @@ class TrainingRun:
                 step=self.stats.step,
                 stats=dict(episodes=self.stats.episodes),
                 rng=checkpoint.rng_state(),
-                config=OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True),
+                config=to_plain_dict(self.cfg),
             )
             checkpoint.save(self.checkpoint_path, state)
         self._last_save = time.monotonic()
