@@ -102,16 +102,17 @@ def step(num_envs=1, frame_shape=(4,), last_action=0, frame_dtype=np.float32):
 
 
 def test_learner_and_env_processes_with_hostile_clients(tmp_path):
-    port = free_port()
-    address = f"127.0.0.1:{port}"
+    # The env process starts first and finds the learner through its address file (as array
+    # jobs on a shared filesystem would); the learner picks a free port.
     env = dict(TORCHBEAST_TOKEN=TOKEN)
     run_dir = tmp_path / "learner"
-    learner = start_cli(run_dir, *POLY_TINY, "total_steps=12000", "backend.role=learner",
-                        f"backend.address={address}", env=env)
-    clients = start_cli(tmp_path / "env", *POLY_TINY, "backend.role=env", f"backend.address={address}",
-                        "backend.num_actors=1", env=env)
+    clients = start_cli(tmp_path / "env", *POLY_TINY, "backend.role=env",
+                        f"backend.address=file:{run_dir / 'actorpool_address'}", "backend.num_actors=1", env=env)
+    learner = start_cli(run_dir, *POLY_TINY, "total_steps=12000", "backend.role=learner", env=env)
     try:
         wait_for(lambda: (run_dir / "logs.csv").exists() and len(rows(run_dir)) >= 1, 60, "training")
+        host, port = (run_dir / "actorpool_address").read_text().strip().split(":")
+        assert host == "127.0.0.1"
         good = raw_stream(port, [hello(), step()])
         assert [m.WhichOneof("kind") for m in good] == ["welcome", "actions"]
 

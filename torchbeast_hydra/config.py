@@ -115,7 +115,9 @@ class PolyConfig(BackendConfig):
     name: str = "poly"
     role: PolyRole = PolyRole.all
     # The ActorPool server's host:port. Loopback by default; 0.0.0.0:PORT serves other machines.
-    # Port 0 picks a free port (fine for role=all); role=env connects to the learner's address.
+    # Port 0 picks a free port. The learner writes the address it serves on to
+    # RUN_DIR/actorpool_address; role=env takes HOST:PORT, or file:PATH to read it from there
+    # (e.g. on a shared filesystem, waiting for the file to appear).
     address: str = "127.0.0.1:0"
     # Clients must present this shared secret. Prefer the TORCHBEAST_TOKEN environment variable,
     # which stays out of the saved config; role=all makes a random one when neither is set.
@@ -250,6 +252,9 @@ def _validate_mono(cfg) -> None:
     )
 
 
+ADDRESS_FILE_PREFIX = "file:"
+
+
 def split_address(address: str) -> tuple[str, int]:
     """'host:port' (or '[::1]:port') -> (host, port); raises ConfigError naming backend.address."""
     host, sep, port = address.rpartition(":")
@@ -260,10 +265,13 @@ def split_address(address: str) -> tuple[str, int]:
 
 def _validate_poly(cfg) -> None:
     backend = cfg.backend
-    _, port = split_address(backend.address)
     role = PolyRole(backend.role)
-    if role is PolyRole.env:
-        _check(port != 0, "backend.role=env needs the learner's address: backend.address=HOST:PORT.")
+    if role is PolyRole.env and backend.address.startswith(ADDRESS_FILE_PREFIX):
+        _check(len(backend.address) > len(ADDRESS_FILE_PREFIX), "backend.address=file:PATH needs a path.")
+    else:
+        _, port = split_address(backend.address)
+        _check(role is not PolyRole.env or port != 0,
+               "backend.role=env needs the learner's address: backend.address=HOST:PORT (or file:PATH).")
     for key in ("max_batch_size", "learner_queue_size", "max_clients"):
         _check(backend[key] >= 1, f"backend.{key} must be at least 1.")
     _check(backend.batch_timeout_ms >= 0, "backend.batch_timeout_ms must be >= 0.")

@@ -14,11 +14,12 @@ import queue
 import signal
 import sys
 import time
+from pathlib import Path
 
 import grpc
 import numpy as np
 
-from ..config import EnvConfig
+from ..config import ADDRESS_FILE_PREFIX, EnvConfig
 from ..envs import Environments, env_spec, make_env
 from . import wire
 
@@ -87,9 +88,21 @@ class EnvClient:
             if self.envs is not None:
                 self.envs.close()
 
+    def _resolve_address(self) -> str:
+        """HOST:PORT, or read from the learner's address file (re-read on every connect: a
+        restarted learner may serve on another port)."""
+        if not self.address.startswith(ADDRESS_FILE_PREFIX):
+            return self.address
+        path = Path(self.address[len(ADDRESS_FILE_PREFIX):])
+        try:
+            return path.read_text().strip()
+        except OSError:
+            raise ConnectionError(f"no address file at {path} yet") from None
+
     def _session(self) -> None:
         """One connection: hello, then a step per answer until the learner finishes."""
-        with grpc.insecure_channel(self.address, options=channel_options(self.max_message_bytes)) as channel:
+        address = self._resolve_address()
+        with grpc.insecure_channel(address, options=channel_options(self.max_message_bytes)) as channel:
             try:
                 grpc.channel_ready_future(channel).result(timeout=2.0)
             except grpc.FutureTimeoutError:

@@ -11,6 +11,7 @@ import logging
 import os
 import queue
 import secrets
+import socket
 import statistics
 import threading
 import time
@@ -34,6 +35,7 @@ from .server import ActorPool
 log = logging.getLogger(__name__)
 
 TOKEN_ENV_VAR = "TORCHBEAST_TOKEN"
+ADDRESS_FILE = "actorpool_address"  # in the learner's run dir
 
 
 def resolve_token(backend) -> str:
@@ -225,6 +227,7 @@ class PolyBeast:
                               "is another learner using that port?") from None
         server.start()
         host, _ = split_address(backend.address)
+        write_address_file(self.run.run_dir / ADDRESS_FILE, host, port)
         log.info("ActorPool listening on %s:%d (%s). Env clients: backend=poly backend.role=env "
                  "backend.address=HOST:%d with the same %s.", host, port,
                  "loopback only" if host in ("127.0.0.1", "localhost", "[::1]") else "reachable from other machines",
@@ -273,6 +276,15 @@ class PolyBeast:
         server.stop(grace=1.0).wait()
         if clients is not None:
             clients.stop()
+
+
+def write_address_file(path, host: str, port: int) -> None:
+    """Where clients can reach this learner (atomically): for backend.address=file:PATH."""
+    if host in ("0.0.0.0", "[::]", "::"):
+        host = socket.getfqdn()  # listening on every interface: advertise this machine's name
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(f"{host}:{port}\n")
+    os.replace(tmp, path)
 
 
 def train(cfg, run: TrainingRun) -> None:
