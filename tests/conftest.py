@@ -33,12 +33,15 @@ def compose_config(overrides=()):
     return cfg
 
 
-def cli_env(**extra: str) -> dict:
-    """The CLI's environment in tests: never real wandb credentials; wandb off unless asked."""
+def cli_env(**extra: str | None) -> dict:
+    """The CLI's environment in tests: never real wandb credentials; wandb off unless asked.
+
+    extra: variables to set, or to remove (None).
+    """
     env = {key: value for key, value in os.environ.items() if not key.startswith("WANDB_")}
     env.update(HYDRA_FULL_ERROR="0", WANDB_MODE="disabled", NETRC=os.devnull)
     env.update(extra)
-    return env
+    return {key: value for key, value in env.items() if value is not None}
 
 
 def run_cli(run_dir: Path, *overrides: str, timeout: float = 180, check: bool = True,

@@ -76,7 +76,8 @@ def hydra_labels() -> tuple[Optional[str], Optional[str], list]:
     """Default (group, name, tags) for this Hydra job.
 
     group: the sweep dir's name in a multirun, else the experiment preset, else None.
-    name: the job's overrides (`seed=2,optim.learning_rate=0.001`), else the run dir's name.
+    name: the job's overrides (in a multirun, the swept ones: `seed=2,optim.learning_rate=0.001`),
+    else the run dir's name.
     tags: the env, model and backend choices.
     """
     from hydra.core.hydra_config import HydraConfig
@@ -86,13 +87,34 @@ def hydra_labels() -> tuple[Optional[str], Optional[str], list]:
         return None, None, []
     hydra_cfg = HydraConfig.get()
     choices = hydra_cfg.runtime.choices
+    overrides = list(hydra_cfg.overrides.task)
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        group = sweep_name(Path(hydra_cfg.sweep.dir))
+        sweep_dir = Path(hydra_cfg.sweep.dir)
+        group = sweep_name(sweep_dir)
+        swept = swept_keys(sweep_dir)
+        overrides = [o for o in overrides if _override_key(o) in swept] or overrides
     else:
         group = choices.get("experiment") or None
-    name = _clean(",".join(hydra_cfg.overrides.task), 128) or Path(hydra_cfg.runtime.output_dir).name
-    tags = [str(choices[key]) for key in ("env", "model", "backend") if choices.get(key)]
+    name = _clean(",".join(overrides), 128) or Path(hydra_cfg.runtime.output_dir).name
+    tags = [_clean(str(choices[key]), 64) for key in ("env", "model", "backend") if choices.get(key)]
     return group, name, tags
+
+
+def swept_keys(sweep_dir: Path) -> set:
+    """The keys a sweep varies, from the `multirun.yaml` Hydra writes in the sweep dir."""
+    try:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from omegaconf import OmegaConf
+
+        task = OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides.task
+        parsed = OverridesParser.create().parse_overrides(list(task))
+        return {o.get_key_element() for o in parsed if o.is_sweep_override()}
+    except Exception:  # no such file, or one this Hydra cannot read: name jobs by all overrides
+        return set()
+
+
+def _override_key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
 
 
 def sweep_name(sweep_dir: Path) -> str:
@@ -104,7 +126,9 @@ def sweep_name(sweep_dir: Path) -> str:
 
 
 def _clean(text: str, limit: int) -> str:
-    return re.sub(r"\s+", "", text)[:limit]
+    """No whitespace, and at most `limit` characters (wandb's limits: names 128, tags 64)."""
+    text = re.sub(r"\s+", "", text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def numeric_fields(row: Mapping) -> dict:
@@ -243,9 +267,10 @@ def _finish(run, on_error=None) -> None:
             on_error(f"wandb failed to finish: {_first_line(error)}")
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+def _first_line(error: BaseException, lines: int = 3) -> str:
+    """The error's type and the start of its message, on one line."""
+    text = " / ".join(line.strip() for line in str(error).strip().splitlines()[:lines] if line.strip())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def _unique(items: Iterable[str]) -> list:
