@@ -118,8 +118,15 @@ class Stats:
         return row
 
     def close(self) -> None:
+        """Closes every sink, even when one fails (the first error is raised after)."""
+        errors = []
         for sink in self.sinks:
-            sink.close()
+            try:
+                sink.close()
+            except Exception as error:
+                errors.append(error)
+        if errors:
+            raise errors[0]
 
     @property
     def sps(self) -> float:
