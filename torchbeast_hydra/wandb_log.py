@@ -200,16 +200,20 @@ class WandbLog:
 
     def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Finishes the wandb run (each job its own run, even when jobs share a process)."""
-        if not self.active:
+        thread, self._thread = self._thread, None
+        if thread is None or not self._ready.is_set():
+            return  # disabled, or wandb never started: nothing to finish, nothing to wait for
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            self._fail(f"wandb fell {MAX_QUEUED} rows behind")
             return
-        self._queue.put(None)
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
+        thread.join(timeout_s)
+        if thread.is_alive():
             self._fail(f"wandb did not finish within {timeout_s:g} s")
         elif self.mode == "offline" and self.sync_dir and not self._failed.is_set():
             log.info("wandb: offline run %s saved; upload it with:  wandb sync %s", self.run_id,
                      self.sync_dir)
-        self._thread = None
 
     # The wandb thread: every wandb call happens here.
 
@@ -255,8 +259,8 @@ class WandbLog:
             if self._failed.is_set():
                 return
             self._failed.set()
-        log.warning("%s. Training goes on without wandb; logs.csv is unaffected.%s", reason,
-                    f" What was saved is in {self.run_dir / 'wandb'}." if self.mode != "disabled" else "")
+        saved = f" What wandb saved is in {self.sync_dir} (`wandb sync` uploads it)." if self.sync_dir else ""
+        log.warning("%s. Training goes on without wandb; logs.csv is unaffected.%s", reason, saved)
 
 
 def _finish(run, on_error=None) -> None:
