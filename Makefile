@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup train test benchmark clean
+.PHONY: setup train test benchmark plot clean
 
 setup: $(STAMP)
 
@@ -22,6 +22,9 @@ train: setup
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+plot: setup  # make plot ARGS=outputs/multirun/DATE/TIME (default: the newest run or sweep)
+	$(PY) -m torchbeast_hydra.plot $(ARGS)
 
 benchmark: setup
 	$(PY) benchmarks/throughput.py $(ARGS)

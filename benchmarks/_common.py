@@ -61,7 +61,9 @@ class MemorySampler(threading.Thread):
 
 def train(run_dir: Path, overrides: list, seconds: float | None = None, timeout: float = 3600):
     """Runs training; with `seconds`, stops it (SIGTERM) after that long. Returns (rc, wall, peak)."""
-    command = [sys.executable, "-m", "torchbeast_hydra", f"hydra.run.dir={run_dir}", *overrides]
+    # wandb off unless an override turns it on: the figures measure training, as before wandb.
+    command = [sys.executable, "-m", "torchbeast_hydra", f"hydra.run.dir={run_dir}",
+               "logger.wandb.mode=disabled", *overrides]
     started = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     sampler = MemorySampler(process.pid)

@@ -24,6 +24,7 @@ TINY = [
     "backend.num_actors=2",
     "backend.envs_per_actor=2",
     "logger.log_interval_s=1",
+    "logger.wandb.mode=disabled",  # tests/test_wandb.py covers wandb
 ]
 
 
@@ -34,13 +35,28 @@ def compose_config(overrides=()):
     return cfg
 
 
-def run_cli(run_dir: Path, *overrides: str, timeout: float = 180, check: bool = True, env=None):
+def cli_env(**extra: str | None) -> dict:
+    """The CLI's environment in tests: never real wandb credentials; wandb off unless asked.
+
+    extra: variables to set, or to remove (None).
+    """
+    env = {key: value for key, value in os.environ.items() if not key.startswith("WANDB_")}
+    env.update(HYDRA_FULL_ERROR="0", WANDB_MODE="disabled", NETRC=os.devnull)
+    env.update(extra)
+    return {key: value for key, value in env.items() if value is not None}
+
+
+def run_cli(run_dir: Path, *overrides: str, timeout: float = 180, check: bool = True,
+            env: dict | None = None, multirun: bool = False):
     """Runs `python -m torchbeast_hydra` with its run dir at run_dir; returns the CompletedProcess.
 
-    env: the process environment (default: this one's)."""
-    command = [sys.executable, "-m", "torchbeast_hydra", f"hydra.run.dir={run_dir}", *overrides]
+    multirun: `-m`, with run_dir as the sweep dir.
+    """
+    dir_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    command = [sys.executable, "-m", "torchbeast_hydra", *(["-m"] if multirun else []),
+               f"{dir_key}={run_dir}", *overrides]
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                            env=dict(os.environ if env is None else env, HYDRA_FULL_ERROR="0"))
+                            env=env if env is not None else cli_env())
     if check and result.returncode != 0:
         raise AssertionError(f"{command} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
     return result
@@ -79,10 +95,12 @@ def wait_for(predicate, timeout, what):
 
 
 def start_cli(run_dir, *overrides, env=None):
-    """Starts `python -m torchbeast_hydra` in the background (output in .stdout); env adds variables."""
+    """Starts `python -m torchbeast_hydra` in the background (output in .stdout).
+
+    env: variables to add to cli_env() (None removes one)."""
     command = [sys.executable, "-m", "torchbeast_hydra", f"hydra.run.dir={run_dir}", *overrides]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, **(env or {})))
+                            env=cli_env(**(env or {})))
 
 
 @pytest.fixture

@@ -12,18 +12,9 @@ import pytest
 from torchbeast_hydra import checkpoint
 from torchbeast_hydra.poly import wire
 
-from conftest import actor_pids, rows, run_cli, start_cli, steps, wait_for
+from conftest import TINY, actor_pids, cli_env, rows, run_cli, start_cli, steps, wait_for
 
-POLY_TINY = [
-    "experiment=cartpole",
-    "backend=poly",
-    "total_steps=2560",
-    "batch_size=4",
-    "unroll_length=16",
-    "backend.num_actors=2",
-    "backend.envs_per_actor=2",
-    "logger.log_interval_s=1",
-]
+POLY_TINY = [*TINY, "backend=poly"]
 TOKEN = "test-token-123"
 
 pytestmark = pytest.mark.slow
@@ -144,8 +135,8 @@ def test_learner_and_env_processes_with_hostile_clients(tmp_path):
 
 
 def test_role_learner_without_a_token_fails_clearly(tmp_path):
-    env = {key: value for key, value in os.environ.items() if key != "TORCHBEAST_TOKEN"}
-    result = run_cli(tmp_path / "run", *POLY_TINY, "backend.role=learner", check=False, env=env)
+    result = run_cli(tmp_path / "run", *POLY_TINY, "backend.role=learner", check=False,
+                     env=cli_env(TORCHBEAST_TOKEN=None))
     assert result.returncode == 2
     assert "export TORCHBEAST_TOKEN" in result.stderr + result.stdout
 

@@ -97,6 +97,24 @@ class BackendConfig:
     max_actor_restarts: int = 10  # a run whose actors keep dying stops with an error
 
 
+class WandbMode(enum.Enum):
+    auto = "auto"  # online when credentials exist (WANDB_API_KEY or `wandb login`), else offline
+    online = "online"
+    offline = "offline"  # files under <run dir>/wandb; upload later with `wandb sync`
+    disabled = "disabled"
+
+
+@dataclass
+class WandbConfig:
+    mode: WandbMode = WandbMode.auto
+    project: str = "torchbeast_hydra"
+    entity: Optional[str] = None  # None: your default entity
+    group: Optional[str] = None  # None: the sweep (multirun dir) or the experiment preset's name
+    name: Optional[str] = None  # None: the job's overrides, else the run dir's name
+    tags: List[str] = field(default_factory=list)  # added to the env/model/backend choices
+    init_timeout_s: float = 60.0  # longer than this and the run goes on without wandb
+
+
 @dataclass
 class MonoConfig(BackendConfig):
     name: str = "mono"
@@ -138,6 +156,7 @@ class PolyConfig(BackendConfig):
 class LoggerConfig:
     log_interval_s: float = 5.0  # console progress line
     csv: bool = True
+    wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
 @dataclass
@@ -228,10 +247,20 @@ def validate(cfg) -> None:
     _check(cfg.test.num_episodes >= 1, "test.num_episodes must be at least 1.")
     _check(cfg.backend.num_actors >= 1, "backend.num_actors must be at least 1.")
     _check(cfg.backend.envs_per_actor >= 1, "backend.envs_per_actor must be at least 1.")
+    _validate_wandb(cfg.logger.wandb)
     if cfg.backend.name == "mono":
         _validate_mono(cfg)
     elif cfg.backend.name == "poly":
         _validate_poly(cfg)
+
+
+def _validate_wandb(wandb) -> None:
+    _check(bool(wandb.project and wandb.project.strip()), "logger.wandb.project must not be empty.")
+    _check(not any(c in wandb.project for c in "/\\#?%:"),
+           f"logger.wandb.project={wandb.project!r} may not contain / \\ # ? % or :.")
+    _check(wandb.init_timeout_s > 0, "logger.wandb.init_timeout_s must be positive.")
+    for tag in wandb.tags:
+        _check(0 < len(str(tag)) <= 64, f"logger.wandb.tags: {tag!r} must be 1 to 64 characters.")
 
 
 def _validate_mono(cfg) -> None:

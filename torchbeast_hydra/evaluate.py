@@ -15,6 +15,7 @@ from . import checkpoint
 from .config import ConfigError, EnvConfig
 from .envs import Environments
 from .models import make_model
+from .wandb_log import WandbLog
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,21 @@ def evaluate(cfg, run_dir: Path) -> dict:
         seconds=round(time.monotonic() - started, 2),
     )
     _append_row(run_dir / "eval.csv", result)
+    _log_to_wandb(cfg, run_dir, result, list((run_dir / "videos").glob("test-episode-*.mp4"))
+                  if record else [])
     print(f"Mean return over {len(returns)} episodes: {result['mean_return']:.2f} "
           f"(min {result['min_return']:.1f}, max {result['max_return']:.1f}) at step {state['step']}.")
     return result
+
+
+def _log_to_wandb(cfg, run_dir: Path, result: dict, videos: list) -> None:
+    """Adds the evaluation to the trained run's wandb run (its id is kept in run_dir)."""
+    # No config, name or tags: they stay the training run's.
+    sink = WandbLog(cfg.logger.wandb, run_dir, job_type=None)
+    figures = {f"eval/{key}": value for key, value in result.items() if key not in ("step", "greedy")}
+    video = {"eval/video": max(videos, key=lambda path: path.stat().st_mtime)} if videos else {}
+    sink.log(dict(step=result["step"], **figures), videos=video, summary=figures)
+    sink.close()
 
 
 def _record_video(env: gym.Env, folder: Path) -> gym.Env:

@@ -1,4 +1,8 @@
-"""Training statistics: logs.csv (one row per learner update) and the console progress line."""
+"""Training statistics: rows (one per learner update) for the sinks, and the console progress line.
+
+A sink is anything with `write(row)` and `close()`: `CsvLog` here (logs.csv), and
+`wandb_log.WandbLog`.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import Iterable, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +39,12 @@ CSV_FIELDS = [
     "inference_ms",
     "connected_clients",
 ]
+
+
+class Sink(Protocol):
+    def write(self, row: dict) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class CsvLog:
@@ -79,10 +90,10 @@ def _int(value) -> int:
 class Stats:
     """Folds learner updates into CSV rows and keeps recent returns for the progress line."""
 
-    def __init__(self, start_step: int, total_steps: int, csv_log: CsvLog | None):
+    def __init__(self, start_step: int, total_steps: int, sinks: Iterable[Sink] = ()):
         self.step = start_step
         self.total_steps = total_steps
-        self.csv_log = csv_log
+        self.sinks = list(sinks)
         self.recent_returns = collections.deque(maxlen=100)
         self.episodes = 0
         self.last = {}
@@ -107,9 +118,20 @@ class Stats:
             **queues,
         )
         self.last = row
-        if self.csv_log is not None:
-            self.csv_log.write(row)
+        for sink in self.sinks:
+            sink.write(row)
         return row
+
+    def close(self) -> None:
+        """Closes every sink, even when one fails (the first error is raised after)."""
+        errors = []
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as error:
+                errors.append(error)
+        if errors:
+            raise errors[0]
 
     @property
     def sps(self) -> float:

@@ -20,6 +20,7 @@ from .envs import EnvSpec
 from .learner import Learner
 from .metrics import CsvLog, Stats
 from .models import make_model
+from .wandb_log import WandbLog, hydra_labels
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,15 @@ class TrainingRun:
         else:
             torch.manual_seed(cfg.seed)
         self.resumed = start_step > 0
-        csv_log = CsvLog(self.run_dir / "logs.csv", resume_step=start_step) if cfg.logger.csv else None
-        self.stats = Stats(start_step, cfg.total_steps, csv_log)
+        sinks = []
+        if cfg.logger.csv:
+            sinks.append(CsvLog(self.run_dir / "logs.csv", resume_step=start_step))
+        group, name, tags = hydra_labels()
+        wandb_log = WandbLog(cfg.logger.wandb, self.run_dir, group=group, name=name, tags=tags,
+                             config=to_plain_dict(cfg))
+        if wandb_log.active:
+            sinks.append(wandb_log)
+        self.stats = Stats(start_step, cfg.total_steps, sinks)
         self.stats.episodes = episodes
         self._last_save = time.monotonic()
 
@@ -112,8 +120,7 @@ class TrainingRun:
         log.info("Saved checkpoint at step %d to %s.", self.stats.step, self.checkpoint_path)
 
     def close(self) -> None:
-        if self.stats.csv_log is not None:
-            self.stats.csv_log.close()
+        self.stats.close()
 
 
 class StopOnSignals:

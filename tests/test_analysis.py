@@ -1,0 +1,217 @@
+"""Analysis: loading runs and sweeps, aggregating seeds, plots, the plot command and the notebook."""
+
+import csv
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+import yaml
+from matplotlib.image import imread
+from nbclient import NotebookClient
+
+from torchbeast_hydra import analysis, plots
+from torchbeast_hydra.metrics import CSV_FIELDS
+
+from conftest import TINY, run_cli
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "analysis.ipynb"
+PNGS = ["returns.png", "sps.png", "losses.png", "final_returns.png"]
+
+
+def write_run(run_dir, overrides, seed, rows):
+    """A run dir as training leaves it: logs.csv and .hydra/{overrides,config}.yaml."""
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(dict(seed=seed)))
+    with open(run_dir / "logs.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for step, returns, loss in rows:
+            writer.writerow(dict(step=step, sps=100.0 + step / 10, episode_returns=json.dumps(returns),
+                                 mean_episode_return=sum(returns) / len(returns) if returns else "",
+                                 total_loss=loss, pg_loss=loss / 2, baseline_loss=loss / 4,
+                                 entropy_loss=-0.1))
+
+
+# Episode returns per (learning rate, seed): three updates each, at steps 10, 20, 30.
+RETURNS = {
+    ("0.1", 1): [[1.0], [2.0, 3.0], [4.0]],
+    ("0.1", 2): [[], [5.0], [6.0, 7.0]],
+    ("0.2", 1): [[10.0], [], [20.0]],
+    ("0.2", 2): [[30.0], [40.0], [50.0]],
+}
+
+
+@pytest.fixture
+def synthetic_sweep(tmp_path):
+    sweep = tmp_path / "sweep"
+    for job, ((lr, seed), returns) in enumerate(RETURNS.items()):
+        rows = [(10 * (i + 1), r, float(job + i)) for i, r in enumerate(returns)]
+        write_run(sweep / str(job), ["env=cartpole", f"seed={seed}", f"optim.learning_rate={lr}"],
+                  seed, rows)
+    (sweep / "multirun.yaml").write_text("{}\n")
+    return sweep
+
+
+def test_load_runs_has_a_row_per_update_with_overrides_seed_and_setting(synthetic_sweep):
+    df = analysis.load_runs(synthetic_sweep)
+    assert len(df) == 12 and list(df["run"].unique()) == ["0", "1", "2", "3"]
+    assert df.attrs["swept_keys"] == ["optim.learning_rate"]  # not env (constant), not seed
+    assert set(df["env"]) == {"cartpole"}
+    assert list(df.groupby("run")["seed"].first()) == [1, 2, 1, 2]
+    assert analysis.settings(df) == ["optim.learning_rate=0.1", "optim.learning_rate=0.2"]
+    # recent_return: the running mean of the last `window` episodes.
+    run0 = df[df["run"] == "0"]["recent_return"].tolist()
+    assert run0 == [1.0, 2.0, 2.5]
+    windowed = analysis.load_runs(synthetic_sweep, window=2)
+    run1 = windowed[windowed["run"] == "1"]["recent_return"].tolist()
+    assert math.isnan(run1[0]) and run1[1:] == [5.0, 6.5]  # no episode yet; then [5]; [6, 7]
+
+
+def test_final_returns_match_hand_computed_numbers(synthetic_sweep):
+    df = analysis.load_runs(synthetic_sweep)
+    per_run = analysis.final_returns(df, last_n=2).set_index("run")
+    assert per_run["final_return"].tolist() == [3.5, 6.5, 15.0, 45.0]  # mean of the last 2 each
+    assert per_run["episodes"].tolist() == [4, 3, 2, 3] and set(per_run["steps"]) == {30}
+    table = analysis.final_returns_by_setting(df, last_n=2)
+    low, high = table.loc["optim.learning_rate=0.1"], table.loc["optim.learning_rate=0.2"]
+    assert low["mean"] == 5.0 and low["std"] == pytest.approx(statistics.stdev([3.5, 6.5]))
+    assert high["mean"] == 30.0 and high["std"] == pytest.approx(statistics.stdev([15.0, 45.0]))
+    assert (low["runs"], low["min"], low["max"]) == (2, 3.5, 6.5)
+
+
+def test_learning_curve_is_the_mean_and_std_across_seeds(synthetic_sweep):
+    df = analysis.load_runs(synthetic_sweep)
+    curve = analysis.learning_curve(df, "total_loss", bins=3)
+    low = curve[curve["setting"] == "optim.learning_rate=0.1"]
+    # Runs 0 and 1 log total_loss = job + update index: (0, 1, 2) and (1, 2, 3).
+    assert low["step"].tolist() == [10.0, 20.0, 30.0]
+    assert low["mean"].tolist() == [0.5, 1.5, 2.5]
+    assert low["std"].tolist() == pytest.approx([np.sqrt(0.5)] * 3)
+    assert low["runs"].tolist() == [2, 2, 2]
+
+
+def test_a_single_run_dir_loads_as_one_setting(synthetic_sweep):
+    df = analysis.load_runs(synthetic_sweep / "2")
+    assert df["run"].unique().tolist() == ["2"] and analysis.settings(df) == [analysis.ALL_RUNS]
+    assert analysis.final_returns_by_setting(df, last_n=1).loc[analysis.ALL_RUNS, "mean"] == 20.0
+
+
+def test_runs_are_found_in_natural_order_and_wandb_dirs_are_skipped(tmp_path):
+    for job in (10, 2, 1):
+        write_run(tmp_path / str(job), [f"seed={job}"], job, [(1, [1.0], 0.0)])
+    (tmp_path / "1" / "wandb" / "x").mkdir(parents=True)
+    (tmp_path / "1" / "wandb" / "x" / "logs.csv").write_text("step\n1\n")
+    assert [p.name for p in analysis.find_runs(tmp_path)] == ["1", "2", "10"]
+    # Only the seed varies: one setting.
+    assert analysis.settings(analysis.load_runs(tmp_path)) == [analysis.ALL_RUNS]
+
+
+def test_latest_runs_dir_is_the_newest_run_or_sweep(synthetic_sweep, tmp_path):
+    outputs = tmp_path / "outputs"
+    sweep = outputs / "multirun" / "2024-01-01" / "00-00-00"
+    sweep.parent.mkdir(parents=True)
+    synthetic_sweep.rename(sweep)
+    assert analysis.latest_runs_dir(outputs) == sweep
+    single = outputs / "2024-01-02" / "00-00-00"
+    write_run(single, [], 1, [(1, [1.0], 0.0)])
+    later = time.time() + 10
+    os.utime(single / "logs.csv", (later, later))
+    assert analysis.latest_runs_dir(outputs) == single
+    with pytest.raises(FileNotFoundError, match="RUNS_DIR"):
+        analysis.latest_runs_dir(tmp_path / "nothing")
+
+
+def test_plot_all_writes_images_and_table(synthetic_sweep, tmp_path):
+    paths = plots.plot_all(analysis.load_runs(synthetic_sweep), tmp_path / "plots", last_n=2)
+    assert sorted(p.name for p in paths.values()) == sorted([*PNGS, "final_returns.csv"])
+    for name in PNGS:
+        assert_real_image(tmp_path / "plots" / name)
+
+
+def assert_real_image(path):
+    image = imread(path)
+    assert image.shape[0] >= 300 and image.shape[1] >= 400, f"{path}: {image.shape}"
+    assert image[..., :3].std() > 0.05, f"{path} is blank"
+
+
+# A real sweep: two seeds of two learning rates, through the CLI.
+
+@pytest.fixture(scope="module")
+def real_sweep(tmp_path_factory):
+    sweep = tmp_path_factory.mktemp("analysis") / "sweep"
+    run_cli(sweep, *TINY, "seed=1,2", "optim.learning_rate=0.003,0.001", multirun=True, timeout=400)
+    return sweep
+
+
+def hand_final_return(run_dir, last_n):
+    returns = []
+    with open(run_dir / "logs.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            returns.extend(json.loads(row["episode_returns"]))
+    return sum(returns[-last_n:]) / len(returns[-last_n:])
+
+
+@pytest.mark.slow
+def test_real_sweep_loads_with_seeds_aggregated_per_learning_rate(real_sweep):
+    df = analysis.load_runs(real_sweep)
+    assert df["run"].nunique() == 4 and df.attrs["swept_keys"] == ["optim.learning_rate"]
+    assert analysis.settings(df) == ["optim.learning_rate=0.001", "optim.learning_rate=0.003"]
+    table = analysis.final_returns_by_setting(df, last_n=20)
+    # Jobs: 0 seed=1 lr=0.003, 1 seed=1 lr=0.001, 2 seed=2 lr=0.003, 3 seed=2 lr=0.001.
+    by_hand = {lr: [hand_final_return(real_sweep / str(job), 20) for job in jobs]
+               for lr, jobs in (("0.003", (0, 2)), ("0.001", (1, 3)))}
+    for lr, values in by_hand.items():
+        row = table.loc[f"optim.learning_rate={lr}"]
+        assert row["mean"] == pytest.approx(statistics.mean(values))
+        assert row["std"] == pytest.approx(statistics.stdev(values))
+        assert row["runs"] == 2
+
+
+@pytest.mark.slow
+def test_notebook_runs_headless_on_a_sweep_and_writes_its_plots(real_sweep, tmp_path, monkeypatch):
+    out_dir = tmp_path / "figures"
+    monkeypatch.setenv("RUNS_DIR", str(real_sweep))
+    monkeypatch.setenv("OUT_DIR", str(out_dir))
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    assert "parameters" in notebook.cells[1].metadata.get("tags", [])
+    NotebookClient(notebook, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    for name in PNGS:
+        assert_real_image(out_dir / name)
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == len(PNGS)
+    text = json.dumps([o.get("data", {}).get("text/plain", "") for o in outputs])
+    assert "optim.learning_rate=0.001" in text and "optim.learning_rate=0.003" in text
+
+
+@pytest.mark.slow
+def test_plot_command_writes_the_plots_and_prints_the_table(real_sweep, tmp_path):
+    out_dir = tmp_path / "cli"
+    result = subprocess.run([sys.executable, "-m", "torchbeast_hydra.plot", str(real_sweep),
+                             "--out", str(out_dir), "--last-n", "20"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "4 runs" in result.stdout and "swept: optim.learning_rate" in result.stdout
+    assert "optim.learning_rate=0.001" in result.stdout
+    for name in PNGS:
+        assert_real_image(out_dir / name)
+    with open(out_dir / "final_returns.csv", newline="") as f:
+        table = {row["setting"]: float(row["mean"]) for row in csv.DictReader(f)}
+    expected = statistics.mean(hand_final_return(real_sweep / str(job), 20) for job in (1, 3))
+    assert table["optim.learning_rate=0.001"] == pytest.approx(expected)
+
+
+def test_plot_command_without_runs_fails_clearly(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "torchbeast_hydra.plot", str(tmp_path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "no runs" in result.stderr

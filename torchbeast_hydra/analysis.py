@@ -1,0 +1,209 @@
+"""Runs and sweeps back from disk: logs.csv + .hydra/overrides.yaml into one pandas DataFrame.
+
+    df = load_runs("outputs/multirun/2024-05-01/12-00-00")   # a sweep, or one run dir
+    final_returns_by_setting(df)                              # the table of final returns
+    learning_curve(df, "recent_return")                       # mean and spread across seeds
+
+One row per logs.csv row, plus: `run` (the run dir, relative to what was loaded), one column per
+override key (as typed on the command line, e.g. `optim.learning_rate`), `seed`, `setting` (the
+swept overrides other than the seed, e.g. `optim.learning_rate=0.001`: runs that differ only in
+seed share it), and `recent_return` (the mean return of the run's last `window` episodes at that
+row, the curve the progress line shows).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+from pathlib import Path
+from typing import Iterable, Optional
+
+import numpy as np
+import pandas as pd
+import yaml
+
+RETURN = "recent_return"
+SEED = "seed"
+LOSSES = ["total_loss", "pg_loss", "baseline_loss", "entropy_loss"]
+ALL_RUNS = "all runs"  # the setting of every run when nothing but the seed was swept
+
+
+def find_runs(path: str | Path) -> list:
+    """Run dirs (dirs with a logs.csv) at or under path, in natural order (job 2 before 10)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a directory")
+    found = [p.parent for p in path.rglob("logs.csv") if "wandb" not in p.relative_to(path).parts]
+    return sorted(found, key=lambda p: _natural_key(str(p.relative_to(path))))
+
+
+def read_overrides(run_dir: str | Path) -> dict:
+    """The run's command-line overrides ({key: value as typed}) from .hydra/overrides.yaml."""
+    path = Path(run_dir) / ".hydra" / "overrides.yaml"
+    if not path.exists():
+        return {}
+    out = {}
+    for override in yaml.safe_load(path.read_text()) or []:
+        if "=" not in override or override.startswith("~"):
+            continue  # a deletion changes no value that a column could hold
+        key, value = override.split("=", 1)
+        out[key.lstrip("+")] = value
+    return out
+
+
+def read_seed(run_dir: str | Path) -> Optional[int]:
+    """The seed the run used: from its composed config, else its overrides."""
+    config = Path(run_dir) / ".hydra" / "config.yaml"
+    if config.exists():
+        seed = (yaml.safe_load(config.read_text()) or {}).get(SEED)
+        if seed is not None:
+            return int(seed)
+    seed = read_overrides(run_dir).get(SEED)
+    return int(seed) if seed is not None else None
+
+
+def episode_returns(df: pd.DataFrame) -> list:
+    """The episode returns of one run's rows, in order (logs.csv keeps them as JSON lists)."""
+    returns = []
+    for cell in df["episode_returns"]:
+        if isinstance(cell, str) and cell:
+            returns.extend(json.loads(cell))
+    return returns
+
+
+def load_run(run_dir: str | Path, name: Optional[str] = None, window: int = 100) -> pd.DataFrame:
+    """One run's logs.csv with its overrides, seed and recent_return columns."""
+    run_dir = Path(run_dir)
+    df = pd.read_csv(run_dir / "logs.csv", dtype={"episode_returns": str}, keep_default_na=False,
+                     na_values=[""])
+    df = df.dropna(subset=["step"]).reset_index(drop=True)  # a torn last line
+    df["episode_returns"] = df["episode_returns"].fillna("[]")
+    df[RETURN] = _recent_returns(df["episode_returns"], window)
+    df.insert(0, "run", name if name is not None else run_dir.name)
+    # One column per override key; a key that clashes with a logged field gets an `override.`.
+    columns = {key: f"override.{key}" if key in df.columns or key == "setting" else key
+               for key in read_overrides(run_dir) if key != SEED}
+    for key, value in read_overrides(run_dir).items():
+        if key in columns:
+            df[columns[key]] = value
+    seed = read_seed(run_dir)
+    df[SEED] = seed if seed is not None else np.nan
+    df.attrs["override_keys"] = list(columns.values())
+    return df
+
+
+def load_runs(path: str | Path, window: int = 100) -> pd.DataFrame:
+    """Every run at or under path (one run dir or a multirun dir) in one DataFrame.
+
+    Adds `setting`: the overrides whose values differ between runs, other than the seed.
+    """
+    path = Path(path)
+    run_dirs = find_runs(path)
+    if not run_dirs:
+        raise FileNotFoundError(f"no runs (no logs.csv) under {path}")
+    frames = [load_run(d, name=str(d.relative_to(path)) if d != path else d.name, window=window)
+              for d in run_dirs]
+    keys = list(dict.fromkeys(k for f in frames for k in f.attrs["override_keys"]))
+    df = pd.concat(frames, ignore_index=True)
+    swept = swept_keys(df, keys)
+    if swept:
+        labels = df[swept].fillna("").astype(str)
+        df["setting"] = [",".join(f"{k}={v}" for k, v in zip(swept, row) if v != "")
+                         for row in labels.itertuples(index=False)]
+    else:
+        df["setting"] = ALL_RUNS
+    df.attrs.update(override_keys=keys, swept_keys=swept, window=window)
+    return df
+
+
+def swept_keys(df: pd.DataFrame, keys: Optional[Iterable[str]] = None) -> list:
+    """Override keys whose values differ between runs (the seed excluded)."""
+    keys = list(keys if keys is not None else df.attrs.get("override_keys", []))
+    per_run = df.groupby("run", sort=False).first()
+    return [k for k in keys if k in per_run and per_run[k].fillna("").astype(str).nunique() > 1]
+
+
+def settings(df: pd.DataFrame) -> list:
+    """The settings in a stable order: numbers by value, then text."""
+    return sorted(df["setting"].unique(), key=_natural_key)
+
+
+def final_returns(df: pd.DataFrame, last_n: int = 100) -> pd.DataFrame:
+    """Per run: the mean return of its last `last_n` episodes, its episodes and steps."""
+    rows = []
+    for run, run_df in df.groupby("run", sort=False):
+        returns = episode_returns(run_df)[-last_n:]
+        rows.append(dict(
+            run=run, setting=run_df["setting"].iloc[0], seed=run_df[SEED].iloc[0],
+            steps=int(run_df["step"].max()), episodes=len(episode_returns(run_df)),
+            final_return=float(np.mean(returns)) if returns else np.nan,
+        ))
+    return pd.DataFrame(rows, columns=["run", "setting", "seed", "steps", "episodes", "final_return"])
+
+
+def final_returns_by_setting(df: pd.DataFrame, last_n: int = 100) -> pd.DataFrame:
+    """Per setting: final return mean, std (across seeds; NaN for one), min, max, and runs."""
+    per_run = final_returns(df, last_n)
+    table = per_run.groupby("setting")["final_return"].agg(["mean", "std", "min", "max", "count"])
+    table = table.rename(columns={"count": "runs"}).reindex(settings(df))
+    table.index.name = "setting"
+    return table
+
+
+def learning_curve(df: pd.DataFrame, metric: str, bins: int = 100) -> pd.DataFrame:
+    """A metric against steps, per setting: mean and std across that setting's runs.
+
+    Each run is averaged within `bins` equal step intervals over the setting's range (so runs
+    whose rows fall at different steps line up), then the runs are combined per interval.
+    Returns columns setting, step (the interval's end), mean, std, runs.
+    """
+    out = []
+    for setting in settings(df):
+        part = df[df["setting"] == setting].dropna(subset=[metric])
+        if part.empty:
+            continue
+        top = float(part["step"].max())
+        edges = np.linspace(0.0, top, max(1, min(bins, part.groupby("run").size().max())) + 1)
+        index = np.clip(np.searchsorted(edges, part["step"].to_numpy(float), side="left") - 1,
+                        0, len(edges) - 2)
+        per_run = part.assign(_bin=index).groupby(["run", "_bin"])[metric].mean().unstack("run")
+        out.append(pd.DataFrame(dict(
+            setting=setting, step=edges[per_run.index + 1], mean=per_run.mean(axis=1).to_numpy(),
+            std=per_run.std(axis=1).fillna(0.0).to_numpy(), runs=per_run.count(axis=1).to_numpy(),
+        )))
+    if not out:
+        return pd.DataFrame(columns=["setting", "step", "mean", "std", "runs"])
+    return pd.concat(out, ignore_index=True)
+
+
+def latest_runs_dir(root: Optional[str | Path] = None) -> Path:
+    """The newest run or sweep under outputs/ (./outputs, else ../outputs): a sweep dir when its
+    jobs are the newest runs, else a run dir."""
+    roots = [Path(root)] if root is not None else [Path("outputs"), Path("..") / "outputs"]
+    for base in roots:
+        if not base.is_dir():
+            continue
+        newest, when = None, -1.0
+        for run_dir in find_runs(base):
+            unit = run_dir.parent if (run_dir.parent / "multirun.yaml").exists() else run_dir
+            mtime = (run_dir / "logs.csv").stat().st_mtime
+            if mtime > when:
+                newest, when = unit, mtime
+        if newest is not None:
+            return newest
+    raise FileNotFoundError(f"no runs under {' or '.join(map(str, roots))}: set RUNS_DIR")
+
+
+def _recent_returns(cells: pd.Series, window: int) -> list:
+    """For each row, the mean of the last `window` episode returns so far (NaN before any)."""
+    recent, out = collections.deque(maxlen=window), []
+    for cell in cells:
+        recent.extend(json.loads(cell) if cell else [])
+        out.append(sum(recent) / len(recent) if recent else np.nan)
+    return out
+
+
+def _natural_key(text: str):
+    return [(0, float(part), "") if re.fullmatch(r"\d+(\.\d+)?(e-?\d+)?", part) else (1, 0.0, part)
+            for part in re.split(r"(\d+(?:\.\d+)?(?:e-?\d+)?)", str(text)) if part]
