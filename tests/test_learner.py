@@ -22,7 +22,7 @@ from torchbeast_hydra.config import (
     VtraceConfig,
 )
 from torchbeast_hydra.envs import EnvSpec
-from torchbeast_hydra.learner import Learner, compute_losses
+from torchbeast_hydra.learner import NonFiniteUpdate, Learner, compute_losses
 
 GAMMA, BASELINE_COST, ENTROPY_COST = 0.9, 0.5, 0.01
 
@@ -449,3 +449,15 @@ def test_nan_behaviour_logits_skip_the_update():
     batch = learner_batch(cfg)
     batch["policy_logits"][2, 1, 0] = float("nan")
     assert_non_finite_batch_is_skipped(learner, cfg, batch)
+
+
+def test_non_finite_update_stops_when_asked_and_leaves_the_weights():
+    cfg = learner_cfg()
+    cfg.optim.on_nonfinite = "stop"
+    learner = make_learner(cfg)
+    before = params_of(learner)
+    batch = learner_batch(cfg)
+    batch["reward"][1, 0] = float("nan")
+    with pytest.raises(NonFiniteUpdate, match="optim.on_nonfinite=skip"):
+        learner.update(batch, ())
+    assert all(torch.equal(b, a) for b, a in zip(before, params_of(learner)))

@@ -17,6 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import CheckpointError
 from .config import ConfigError, Mode, PolyRole, register_configs, validate
+from .learner import NonFiniteUpdate
+from .training import RunDirError
 
 log = logging.getLogger("torchbeast_hydra")
 
@@ -85,9 +87,12 @@ def run(cfg: DictConfig) -> None:
 def main(cfg: DictConfig) -> None:
     try:
         run(cfg)
-    except (ConfigError, CheckpointError) as error:
+    except (ConfigError, CheckpointError) as error:  # before training: nothing to save
         log.error("error: %s", error)
         sys.exit(2)
+    except (NonFiniteUpdate, RunDirError) as error:  # the backend saved the last good state first
+        log.error("error: %s", error)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,11 @@ class OptimName(enum.Enum):
     adam = "adam"
 
 
+class OnNonFinite(enum.Enum):
+    skip = "skip"  # drop that update (weights and optimiser state untouched) and go on
+    stop = "stop"  # stop the run with an error; the last checkpoint holds the last good weights
+
+
 class RewardClipping(enum.Enum):
     abs_one = "abs_one"
     none = "none"
@@ -84,6 +89,7 @@ class OptimConfig:
     betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # adam
     grad_norm_clipping: float = 40.0
     anneal_lr: bool = True  # linearly to zero at total_steps
+    on_nonfinite: OnNonFinite = OnNonFinite.skip  # a NaN/inf loss or gradient
 
 
 @dataclass

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import vtrace
-from .config import OptimConfig, OptimName, RewardClipping, VtraceConfig
+from .config import OnNonFinite, OptimConfig, OptimName, RewardClipping, VtraceConfig
 from .envs import EnvSpec
 
 log = logging.getLogger(__name__)
@@ -118,6 +118,10 @@ def make_scheduler(cfg: OptimConfig, optimizer, steps_done, total_steps: int):
     )
 
 
+class NonFiniteUpdate(RuntimeError):
+    """A NaN/inf loss or gradient with optim.on_nonfinite=stop."""
+
+
 class Learner:
     """The model being trained, its optimiser and LR schedule, and one update on a batch."""
 
@@ -143,6 +147,11 @@ class Learner:
         stats["grad_norm"] = grad_norm.item()
         if math.isfinite(stats["total_loss"]) and math.isfinite(stats["grad_norm"]):
             self.optimizer.step()
+        elif OnNonFinite(self.cfg.optim.on_nonfinite) is OnNonFinite.stop:
+            raise NonFiniteUpdate(
+                f"non-finite loss or gradient ({stats}); the weights were not updated. Look for NaN/inf "
+                "rewards or observations, or lower optim.learning_rate; optim.on_nonfinite=skip skips "
+                "such updates instead.")
         else:
             self.skipped_updates += 1
             log.warning("Skipped an update with a non-finite loss or gradient: %s", stats)

@@ -6,6 +6,7 @@ run dir's state, so mono and poly resume, log and checkpoint identically.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -34,6 +35,22 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+class RunDirError(RuntimeError):
+    """The run dir cannot be written (disk full, permissions); the message says what to do."""
+
+
+@contextlib.contextmanager
+def writing(what: Path):
+    """Turns an OSError while writing `what` into a RunDirError that says how to recover."""
+    try:
+        yield
+    except OSError as error:
+        raise RunDirError(
+            f"cannot write {what}: {error.strerror or error}. Free disk space or fix the permissions, "
+            "then start again in this run dir: it resumes from the last complete checkpoint."
+        ) from None
+
+
 class TrainingRun:
     """The learner plus the run dir's state: resumes on start, checkpoints on a timer and at exit."""
 
@@ -59,8 +76,10 @@ class TrainingRun:
             torch.manual_seed(cfg.seed)
         self.resumed = start_step > 0
         sinks = []
+        self.csv_path = self.run_dir / "logs.csv"
         if cfg.logger.csv:
-            sinks.append(CsvLog(self.run_dir / "logs.csv", resume_step=start_step))
+            with writing(self.csv_path):
+                sinks.append(CsvLog(self.csv_path, resume_step=start_step))
         group, name, tags = hydra_labels()
         wandb_log = WandbLog(cfg.logger.wandb, self.run_dir, group=group, name=name, tags=tags,
                              config=to_plain_dict(cfg))
@@ -100,7 +119,8 @@ class TrainingRun:
             started = time.perf_counter()
             update_stats = self.learner.update(batch, initial_core_state)
             update_stats["update_ms"] = round(1000 * (time.perf_counter() - started), 2)
-            return self.stats.record(steps, episode_returns, update_stats, queues)
+            with writing(self.csv_path):
+                return self.stats.record(steps, episode_returns, update_stats, queues)
 
     def maybe_checkpoint(self) -> None:
         if time.monotonic() - self._last_save >= self.cfg.checkpoint_interval_s:
@@ -115,7 +135,8 @@ class TrainingRun:
                 rng=checkpoint.rng_state(),
                 config=to_plain_dict(self.cfg),
             )
-            checkpoint.save(self.checkpoint_path, state)
+            with writing(self.checkpoint_path):
+                checkpoint.save(self.checkpoint_path, state)
         self._last_save = time.monotonic()
         log.info("Saved checkpoint at step %d to %s.", self.stats.step, self.checkpoint_path)
 

@@ -267,8 +267,10 @@ class PolyBeast:
         log.info("Finished: %s", run.stats.progress_line())
 
     def _shut_down(self, server: grpc.Server, clients: LocalClients | None) -> None:
-        """Tells connected clients training is over (at their next step), then stops serving."""
-        self.pool.stopping.set()
+        """Ends the clients' streams at their next step, then stops serving. Remote clients exit
+        only if training is complete; otherwise they wait to reconnect to a restarted learner."""
+        complete = self.run.stats.step >= self.cfg.total_steps
+        self.pool.stop(finished=complete or clients is not None)
         deadline = time.monotonic() + 5.0
         while self.pool.connected and time.monotonic() < deadline:
             time.sleep(0.05)

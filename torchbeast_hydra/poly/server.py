@@ -54,6 +54,7 @@ class ActorPool:
         self.max_envs_per_client = max_envs_per_client
         self.seed = seed
         self.stopping = threading.Event()
+        self.finished = False  # on stopping: clients exit (True) or reconnect to a restarted learner
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self.connected = 0
@@ -91,11 +92,15 @@ class ActorPool:
                 yield message
             else:
                 return  # the client closed its stream
+            if not self.finished:
+                raise Refused(grpc.StatusCode.UNAVAILABLE, "the learner stopped before the end of training; "
+                                                           "reconnect to it when it is restarted")
             yield wire.ServerMessage(finished=wire.Finished(reason="training finished"))
         except Refused as refused:
-            with self._lock:
-                self.rejected += 1
-            log.warning("Refused client %s: %s", peer, refused.details)
+            if refused.code is not grpc.StatusCode.UNAVAILABLE:
+                with self._lock:
+                    self.rejected += 1
+                log.warning("Refused client %s: %s", peer, refused.details)
             context.abort(refused.code, refused.details)
         finally:
             if session is not None:
@@ -105,6 +110,11 @@ class ActorPool:
                 if not self.stopping.is_set():
                     log.info("Client %d left; its %d unfinished unrolls go to the learner as partial rollouts.",
                              client_id, partial)
+
+    def stop(self, finished: bool) -> None:
+        """Ends every stream at its next step: clients exit when finished, else they reconnect."""
+        self.finished = finished
+        self.stopping.set()
 
     def _authenticate(self, context) -> None:
         token = dict(context.invocation_metadata()).get(wire.TOKEN_METADATA_KEY, "")

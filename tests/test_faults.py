@@ -1,0 +1,168 @@
+"""Faults injected into real runs: killed processes, a full disk, non-finite updates, a learner
+restarted under its clients, many clients at once. Each asserts what a user would rely on."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchbeast_hydra import checkpoint
+from torchbeast_hydra.config import EnvConfig
+from torchbeast_hydra.poly.client import EnvClient
+
+from conftest import TINY, rows, run_cli, start_cli, steps, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def test_learner_killed_mid_run_resumes_from_its_last_checkpoint_with_continuous_logs(tmp_path):
+    run_dir = tmp_path / "run"
+    first = start_cli(run_dir, *TINY, "total_steps=40000", "checkpoint_interval_s=1")
+    try:
+        wait_for(lambda: checkpoint.path_in(run_dir).exists() and len(rows(run_dir)) >= 30, 90, "a checkpoint")
+        first.kill()  # SIGKILL, the learner only: its actors see their pipes close and exit
+        first.wait(timeout=30)
+    finally:
+        first.kill()
+    saved = checkpoint.load(checkpoint.path_in(run_dir))["step"]
+    logged_before = steps(run_dir)
+    assert logged_before[-1] >= saved  # rows past the checkpoint exist and must not repeat
+
+    run_cli(run_dir, *TINY, "total_steps=40000", "checkpoint_interval_s=1", timeout=240)
+    logged = steps(run_dir)
+    assert logged == list(range(64, 40000 + 1, 64))  # no duplicate, no gap, to total_steps
+    assert [s for s in logged_before if s <= saved] == [s for s in logged if s <= saved]
+
+
+SLOW_SAVE = """
+import sys, time, torch
+from torchbeast_hydra import checkpoint
+real_save = torch.save
+def slow_save(obj, f, *args, **kwargs):
+    f.write(b"partial bytes of a checkpoint")
+    f.flush()
+    print("writing", flush=True)
+    time.sleep(60)
+torch.save = slow_save
+checkpoint.save(sys.argv[1], dict(step=2))
+"""
+
+
+def test_kill_during_a_checkpoint_write_leaves_the_previous_one_loadable(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    checkpoint.save(path, dict(step=1, weights=torch.ones(3)))
+    writer = subprocess.Popen([sys.executable, "-c", SLOW_SAVE, str(path)], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline().strip() == "writing"
+    writer.kill()
+    writer.wait()
+    assert checkpoint.load(path)["step"] == 1
+    # The half-written temp file is not a checkpoint, and nothing mistakes it for one.
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".pt")] == ["checkpoint.pt"]
+
+
+def test_unwritable_logs_are_a_clear_error_at_start(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "logs.csv").mkdir(parents=True)  # (as root, permissions would not stop us)
+    result = run_cli(run_dir, *TINY, check=False)
+    assert result.returncode == 1
+    output = result.stdout + result.stderr
+    assert f"cannot write {run_dir / 'logs.csv'}: Is a directory" in output and "Traceback" not in output
+    assert not checkpoint.path_in(run_dir).exists()
+
+
+def test_full_disk_at_a_checkpoint_stops_clearly_and_leaves_no_partial_file(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / ".checkpoint.pt.tmp").symlink_to("/dev/full")  # where the next checkpoint is written
+    result = run_cli(run_dir, *TINY, "total_steps=100000", "checkpoint_interval_s=1", check=False)
+    assert result.returncode == 1
+    assert "No space left on device" in result.stdout + result.stderr
+    assert not (run_dir / ".checkpoint.pt.tmp").exists()
+    if checkpoint.path_in(run_dir).exists():  # the disk "recovered" for the final save
+        logged = steps(run_dir)
+        assert checkpoint.load(checkpoint.path_in(run_dir))["step"] == (logged[-1] if logged else 0)
+
+
+def test_non_finite_updates_stop_the_run_when_asked_with_finite_weights_saved(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run_cli(run_dir, *TINY, "optim.learning_rate=1e30", "optim.on_nonfinite=stop", check=False)
+    assert result.returncode == 1
+    assert "non-finite loss or gradient" in result.stdout + result.stderr
+    state = checkpoint.load(checkpoint.path_in(run_dir))
+    assert all(torch.isfinite(w).all() for w in state["learner"]["model"].values())
+
+
+POLY = [*TINY, "backend=poly"]
+TOKEN = dict(TORCHBEAST_TOKEN="fault-token")
+
+
+def test_clients_wait_through_a_learner_restart_and_training_resumes(tmp_path):
+    run_dir = tmp_path / "learner"
+    address = f"file:{run_dir / 'actorpool_address'}"
+    clients = start_cli(tmp_path / "env", *POLY, "backend.role=env", f"backend.address={address}",
+                        "backend.num_actors=1", env=TOKEN)
+    learner = start_cli(run_dir, *POLY, "total_steps=200000", "backend.role=learner", env=TOKEN)
+    try:
+        wait_for(lambda: (run_dir / "logs.csv").exists() and len(rows(run_dir)) >= 3, 60, "training")
+        learner.send_signal(signal.SIGTERM)  # e.g. preempted: it checkpoints and stops
+        first_output, _ = learner.communicate(timeout=60)
+        stopped_at = checkpoint.load(checkpoint.path_in(run_dir))["step"]
+        time.sleep(2)
+        assert clients.poll() is None, "clients must wait for the learner, not exit"
+        learner = start_cli(run_dir, *POLY, "total_steps=12000", "backend.role=learner", env=TOKEN)
+        learner_output, _ = learner.communicate(timeout=120)
+        client_output, _ = clients.communicate(timeout=60)
+    finally:
+        learner.kill()
+        clients.kill()
+    assert learner.returncode == 0 and clients.returncode == 0, client_output
+    assert f"Resuming from {checkpoint.path_in(run_dir)} at step {stopped_at}" in learner_output
+    assert "The learner finished training; exiting." in client_output
+    logged = steps(run_dir)
+    assert logged == sorted(set(logged)) and logged[-1] >= max(12000, stopped_at)
+    del first_output
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_64_concurrent_clients_train_steadily_with_flat_memory(tmp_path):
+    run_dir = tmp_path / "learner"
+    learner = start_cli(run_dir, *POLY, "total_steps=100000000", "backend.role=learner",
+                        "backend.address=127.0.0.1:0", "backend.max_clients=64", env=TOKEN)
+    clients = []
+    try:
+        address_file = run_dir / "actorpool_address"
+        wait_for(address_file.exists, 60, "the learner")
+        env_cfg = EnvConfig(id="CartPole-v1")
+        for _ in range(64):
+            client = EnvClient(env_cfg, f"file:{address_file}", TOKEN["TORCHBEAST_TOKEN"], num_envs=1,
+                               connect_timeout_s=30, max_message_bytes=1 << 20)
+            thread = threading.Thread(target=client.run, daemon=True)
+            thread.start()
+            clients.append(thread)
+        wait_for(lambda: (run_dir / "logs.csv").exists() and len(rows(run_dir)) >= 2, 90, "training")
+        samples = []  # (seconds, steps, learner RSS) every 2 s for 20 s
+        started = time.monotonic()
+        while time.monotonic() - started < 20:
+            time.sleep(2)
+            samples.append((time.monotonic() - started, steps(run_dir)[-1], rss_mib(learner.pid)))
+        connected = int(rows(run_dir)[-1]["connected_clients"])
+    finally:
+        learner.send_signal(signal.SIGTERM)
+        learner.communicate(timeout=60)
+    assert connected == 64
+    halves = samples[: len(samples) // 2], samples[len(samples) // 2:]
+    rates = [(h[-1][1] - h[0][1]) / (h[-1][0] - h[0][0]) for h in halves]
+    assert min(rates) > 0.5 * max(rates), rates  # steady throughput
+    assert samples[-1][2] < 1.2 * samples[len(samples) // 2][2], samples  # memory flat, not growing
