@@ -250,6 +250,12 @@ def validate(cfg) -> None:
     _check(len(cfg.model.hidden_sizes) >= 1, "model.hidden_sizes needs at least one layer.")
     _check(cfg.env.frame_stack >= 1 and cfg.env.frame_skip >= 1, "env.frame_stack and env.frame_skip must be >= 1.")
     _check(0.0 <= cfg.env.sticky_action_prob <= 1.0, "env.sticky_action_prob must be in [0, 1].")
+    _check(cfg.env.noop_max >= 0, "env.noop_max must be >= 0.")
+    _check(cfg.env.screen_size >= 1, "env.screen_size must be at least 1.")
+    _check(cfg.logger.log_interval_s > 0, "logger.log_interval_s must be positive.")
+    _check(cfg.test.max_episode_steps >= 1, "test.max_episode_steps must be at least 1.")
+    _check(cfg.backend.max_actor_restarts >= 0, "backend.max_actor_restarts must be >= 0.")
+    _check(cfg.backend.learner_torch_threads >= 0, "backend.learner_torch_threads must be >= 0 (0: all cores).")
     _check(cfg.test.num_episodes >= 1, "test.num_episodes must be at least 1.")
     _check(cfg.backend.num_actors >= 1, "backend.num_actors must be at least 1.")
     _check(cfg.backend.envs_per_actor >= 1, "backend.envs_per_actor must be at least 1.")
@@ -312,6 +318,7 @@ def _validate_poly(cfg) -> None:
     _check(backend.batch_timeout_ms >= 0, "backend.batch_timeout_ms must be >= 0.")
     _check(backend.connect_timeout_s > 0, "backend.connect_timeout_s must be positive.")
     _check(backend.inference_torch_threads >= 1, "backend.inference_torch_threads must be at least 1.")
+    _check(backend.max_envs_per_client >= 1, "backend.max_envs_per_client must be at least 1.")
     _check(
         backend.envs_per_actor <= backend.max_envs_per_client,
         f"backend.envs_per_actor={backend.envs_per_actor} is above backend.max_envs_per_client="
