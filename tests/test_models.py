@@ -77,3 +77,13 @@ def test_image_model_on_vector_env_is_refused(name):
 def test_image_too_small_is_refused():
     with pytest.raises(ConfigError, match="screen_size"):
         make_model(ModelConfig(name=ModelName.atari_net), EnvSpec((4, 20, 20), np.dtype(np.uint8), 6))
+
+
+def test_sampling_from_non_finite_logits_acts_uniformly_instead_of_crashing():
+    model = make_model(ModelConfig(name=ModelName.mlp, hidden_sizes=[8]), EnvSpec((4,), np.dtype("float32"), 3))
+    with torch.no_grad():
+        model.policy.bias.fill_(float("nan"))
+    inputs = dict(frame=torch.zeros(1, 300, 4), reward=torch.zeros(1, 300), done=torch.zeros(1, 300, dtype=torch.bool),
+                  last_action=torch.zeros(1, 300, dtype=torch.long))
+    actions = model(inputs)[0]["action"]
+    assert set(actions.flatten().tolist()) == {0, 1, 2}

@@ -136,7 +136,10 @@ class ActorCritic(nn.Module):
         if action == "greedy":
             outputs["action"] = policy_logits.argmax(dim=-1).view(T, B)
         elif action == "sample":
-            outputs["action"] = torch.multinomial(F.softmax(policy_logits, dim=-1), 1).view(T, B)
+            # Diverged weights (inf/NaN logits) must not crash the actors: they act uniformly
+            # there, and the learner's optim.on_nonfinite decides what the run does about it.
+            probs = torch.nan_to_num(F.softmax(policy_logits, dim=-1), nan=1.0, posinf=1.0)
+            outputs["action"] = torch.multinomial(probs, 1).view(T, B)
         return outputs, core_state
 
     def _lstm(self, core_input: torch.Tensor, done: torch.Tensor, core_state: tuple):
