@@ -110,7 +110,6 @@ class LaunchChecks(Callback):
             if target.endswith("SlurmLauncher"):
                 check_slurm(OmegaConf.select(config, "hydra.launcher.partition", default=None))
         except LaunchError as error:
-            log.error("error: %s", error)
             print(f"error: {error}", file=sys.stderr)
             sys.exit(2)  # SystemExit passes through Hydra's error reporting: one clear line
 
