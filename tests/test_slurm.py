@@ -16,7 +16,7 @@ import pytest
 from torchbeast_hydra import checkpoint
 
 from conftest import REPO, rows, run_sweep, steps, wait_for
-from test_sweeps import JOB, JOB_DIR, check_job_dirs
+from test_sweeps import JOB, check_job_dirs, job_dir_name
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -62,10 +62,10 @@ def job_pids(sweep_dir):
 def test_slurm_sweep(slurm_cluster, tmp_path):
     sweep = tmp_path / "sweep"
     started = time.monotonic()
-    result = run_sweep(sweep, *JOB, *SLURM, f"hydra.launcher.partition={slurm_cluster}", "seed=1,2",
+    result = run_sweep(sweep, *JOB, *SLURM, f"hydra.launcher.partition={slurm_cluster}", "total_steps=2048", "seed=1,2",
                        timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
-    check_job_dirs(sweep, [f"{JOB_DIR},seed={s},total_steps=2048" for s in (1, 2)])
+    check_job_dirs(sweep, [job_dir_name("total_steps=2048", f"seed={s}") for s in (1, 2)])
     assert len(job_ids(sweep)) == 2  # one array job, two tasks
     print(f"SLURM sweep of 2 jobs: {time.monotonic() - started:.1f} s")
 
@@ -85,7 +85,7 @@ def test_a_job_that_crashes_hard_fails_the_sweep_clearly(slurm_cluster, tmp_path
     # job's state from sacct (scripts/slurm/sacct on the local cluster) and reports the failure.
     sweep = tmp_path / "sweep"
     process = start_sweep(sweep, *JOB, *SLURM, "total_steps=1000000", "seed=1")
-    job_dir = sweep / f"{JOB_DIR},seed=1,total_steps=1000000"
+    job_dir = sweep / job_dir_name("seed=1", "total_steps=1000000")
     wait_for(lambda: (job_dir / "logs.csv").exists() and len(rows(job_dir)) >= 2, 120, "the job to train")
     for pid in job_pids(sweep):
         os.kill(pid, signal.SIGKILL)
@@ -102,7 +102,7 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_cluster, tmp_path, how):
     total = 8192
     process = start_sweep(sweep, *JOB, *SLURM, f"total_steps={total}", "seed=1",
                           "checkpoint_interval_s=3600")  # only the signal writes a checkpoint
-    job_dir = sweep / f"{JOB_DIR},seed=1,total_steps={total}"
+    job_dir = sweep / job_dir_name("seed=1", f"total_steps={total}", "checkpoint_interval_s=3600")
     wait_for(lambda: (job_dir / "logs.csv").exists() and len(rows(job_dir)) >= 10, 120, "the job to train")
     (job_id,) = job_ids(sweep)
     if how == "USR2":  # what SLURM sends before the time limit and on preemption

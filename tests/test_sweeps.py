@@ -10,10 +10,14 @@ from torchbeast_hydra.launch import job_subdir
 
 from conftest import REPO, rows, run_sweep, steps
 
-# A sweep job: tiny CartPole, a few thousand steps.
-JOB = ["experiment=cartpole", "total_steps=2048", "batch_size=4", "unroll_length=16",
+# A sweep job: tiny CartPole (plus total_steps, a few thousand).
+JOB = ["experiment=cartpole", "batch_size=4", "unroll_length=16",
        "backend.num_actors=1", "backend.envs_per_actor=2", "logger.log_interval_s=1"]
-JOB_DIR = "backend.envs_per_actor=2,backend.num_actors=1,batch_size=4,experiment=cartpole,logger.log_interval_s=1"
+
+
+def job_dir_name(*overrides):
+    """What Hydra names a sweep job's dir: its overrides, sorted, joined by ','."""
+    return ",".join(sorted(JOB + list(overrides)))
 
 
 def check_job_dirs(sweep_dir, names, total_steps=2048):
@@ -41,22 +45,22 @@ def test_job_subdir_names():
 @pytest.mark.slow
 def test_basic_launcher_sweep(tmp_path):
     sweep = tmp_path / "sweep"
-    result = run_sweep(sweep, *JOB, "seed=1,2", "vtrace.entropy_cost=0.01,0.0006", timeout=240)
+    result = run_sweep(sweep, *JOB, "total_steps=2048", "seed=1,2", "vtrace.entropy_cost=0.01,0.0006", timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
-    check_job_dirs(sweep, [f"{JOB_DIR},seed={s},total_steps=2048,vtrace.entropy_cost={e}"
+    check_job_dirs(sweep, [job_dir_name("total_steps=2048", f"seed={s}", f"vtrace.entropy_cost={e}")
                            for s in (1, 2) for e in (0.01, 0.0006)])
+
 
 
 @pytest.mark.slow
 def test_submitit_local_sweep_runs_jobs_in_parallel(tmp_path):
     sweep = tmp_path / "sweep"
-    result = run_sweep(sweep, *JOB, "seed=1,2", "hydra/launcher=submitit_local",
+    result = run_sweep(sweep, *JOB, "total_steps=2048", "seed=1,2", "hydra/launcher=submitit_local",
                        "hydra.launcher.timeout_min=5", timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
-    check_job_dirs(sweep, [f"{JOB_DIR},seed={s},total_steps=2048" for s in (1, 2)])
-    starts = [(sweep / f"{JOB_DIR},seed={s},total_steps=2048" / ".hydra" / "config.yaml").stat().st_mtime
-              for s in (1, 2)]
-    ends = [(sweep / f"{JOB_DIR},seed={s},total_steps=2048" / "logs.csv").stat().st_mtime for s in (1, 2)]
+    check_job_dirs(sweep, [job_dir_name("total_steps=2048", f"seed={s}") for s in (1, 2)])
+    starts = [(sweep / job_dir_name("total_steps=2048", f"seed={s}") / ".hydra" / "config.yaml").stat().st_mtime for s in (1, 2)]
+    ends = [(sweep / job_dir_name("total_steps=2048", f"seed={s}") / "logs.csv").stat().st_mtime for s in (1, 2)]
     assert max(starts) < min(ends), "the two jobs overlapped in time"
 
 

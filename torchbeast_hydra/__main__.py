@@ -81,7 +81,8 @@ def run(cfg: DictConfig) -> None:
         backend.train(cfg, training_run)
     finally:
         training_run.close()
-    hand_over(training_run.stopped_by)  # preempted under submitit: requeue now that the checkpoint is saved
+    if training_run.stats.step < cfg.total_steps:  # stopped early: under submitit, requeue (see launch.py)
+        hand_over(training_run.stopped_by)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
