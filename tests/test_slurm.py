@@ -42,8 +42,8 @@ def finish(process, timeout):
 
 
 def job_ids(sweep_dir):
-    """SLURM job ids of a sweep's jobs, from submitit's folder (.submitit/JOBID_TASK/)."""
-    return sorted({p.name for p in (sweep_dir / ".submitit").glob("*_*") if p.is_dir()})
+    """SLURM job ids of a sweep's jobs, from submitit's folders (.submitit/ARRAYID_TASK/, or JOBID/)."""
+    return sorted(p.name for p in (sweep_dir / ".submitit").iterdir() if p.is_dir())
 
 
 def job_pids(sweep_dir):
@@ -109,15 +109,21 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_cluster, tmp_path, how):
         subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
     else:  # SIGTERM to the job, which SLURM puts back in the queue
         subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=30)
-    # SLURM holds a requeued job (BeginTime) for a while; let it start at once.
+    # SLURM holds a requeued job (BeginTime, about 2 min: until the old job's credential expires).
+    # Once the old attempt is gone and a new second has begun (slurmd refuses a credential made in
+    # the second it revoked the old one), let it start at once.
     wait_for(lambda: "JobState=PENDING" in subprocess.run(["scontrol", "show", "job", job_id], text=True,
                                                           capture_output=True).stdout, 60, "the requeue")
+    wait_for(lambda: not job_pids(sweep), 60, "the first attempt to exit")
+    time.sleep(2)
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True, timeout=30)
     code, output = finish(process, timeout=180)
     assert code == 0, output
 
     log = (job_dir / "torchbeast.log").read_text()
-    stopped = int(re.search(r"Received SIG(TERM|USR2).*\n.*Saved checkpoint at step (\d+)", log).group(2))
+    assert f"Received {'SIGUSR2' if how == 'USR2' else 'SIGTERM'}" in log
+    stopped = int(re.search(r"Saved checkpoint at step (\d+)", log.split("Received SIG")[1]).group(1))
+    assert "died with exit code" not in log, "actors are not replaced while the run stops"
     assert f"at step {stopped}." in log.split("Resuming from")[1].splitlines()[0]
     assert 0 < stopped < total
     logged = steps(job_dir)
@@ -147,8 +153,11 @@ def test_poly_learner_job_and_env_client_array_job(slurm_cluster, tmp_path):
                              capture_output=True, text=True, timeout=30).stdout
         return dict(line.split("|") for line in out.splitlines()[1:])
 
-    finished = wait_for(lambda: (s := states()) and all(v in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
-                                                       for v in s.values()) and s, 180, "the poly jobs")
+    try:
+        finished = wait_for(lambda: (s := states()) and all(v in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+                                                           for v in s.values()) and s, 120, "the poly jobs")
+    finally:
+        subprocess.run(["scancel", learner, clients], timeout=30)  # no-op when they are done
     outputs = "\n".join(p.read_text() for p in sorted((run_dir / "slurm").iterdir()))
     assert finished == {learner: "COMPLETED", f"{clients}_0": "COMPLETED"}, outputs
     assert steps(run_dir)[-1] >= 4096

@@ -228,6 +228,8 @@ class MonoBeast:
                 process.kill()
                 process.join()
             self.pool.remove_actor(index)
+            if self.run.stop_requested.is_set():  # stopping anyway (e.g. SLURM signalled the whole job)
+                continue
             self.restarts += 1
             log.error("Actor %d (pid %s) died with exit code %s; starting a replacement (%d/%d).",
                       index, process.pid, process.exitcode, self.restarts, self.cfg.backend.max_actor_restarts)
