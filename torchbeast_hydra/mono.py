@@ -138,8 +138,8 @@ def actor_main(env_cfg, num_envs, seed, unroll_length, model, buffers, state_buf
     envs = Environments(env_cfg, num_envs, seed=seed, episodic_life=env_cfg.episodic_life)
     try:
         _act(envs, unroll_length, model, buffers, state_buffers, conn)
-    except (EOFError, BrokenPipeError, KeyboardInterrupt):
-        pass  # the learner is gone or stopping
+    except (EOFError, ConnectionError, KeyboardInterrupt):
+        pass  # the learner is gone (stopped us, or died: a reset pipe) or stopping
     finally:
         envs.close()
 
