@@ -1,5 +1,6 @@
 """End-to-end runs of the mono backend through the CLI, on tiny CartPole and Pong configs."""
 
+import csv
 import os
 import signal
 import subprocess
