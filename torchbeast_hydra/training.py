@@ -44,7 +44,7 @@ class TrainingRun:
         self.learner = Learner(cfg, make_model(cfg.model, spec), self.device)
         self.lock = threading.Lock()  # guards the learner and stats between updates and saves
         self.stop_requested = threading.Event()
-        self.stopped_by: StopOnSignals | None = None  # set by the backend; see preemption.hand_over
+        self.stopped_by: StopOnSignals | None = None  # set by the backend; see launch.hand_over
 
         self.checkpoint_path = checkpoint.path_in(self.run_dir)
         start_step, episodes = 0, 0
@@ -128,7 +128,7 @@ class StopOnSignals:
 
     The first stop signal is kept in `received`, with the handler it displaced (`previous`), so
     that once the checkpoint is written the caller can hand the signal to its owner: under
-    submitit that is its job handler, which requeues the job (see preemption.hand_over).
+    submitit that is its job handler, which requeues the job (see launch.hand_over).
     """
 
     def __init__(self, stop: threading.Event):
