@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup train test benchmark plot clean
+.PHONY: setup train test benchmark plot clean slurm-start slurm-stop
 
 setup: $(STAMP)
 
@@ -28,6 +28,14 @@ plot: setup  # make plot ARGS=outputs/multirun/DATE/TIME (default: the newest ru
 
 benchmark: setup
 	$(PY) benchmarks/throughput.py $(ARGS)
+
+# A single-node SLURM cluster on this machine (root; installs slurmctld, slurmd and munge from apt
+# when missing) for trying hydra/launcher=slurm; the tests start and stop it themselves.
+slurm-start:
+	scripts/slurm/start.sh
+
+slurm-stop:
+	scripts/slurm/stop.sh
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

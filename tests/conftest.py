@@ -109,3 +109,45 @@ def tiny_run(tmp_path):
     run_dir = tmp_path / "run"
     run_cli(run_dir, *TINY)
     return run_dir
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_sweep(sweep_dir, *overrides, timeout: float, env=None):
+    """`python -m torchbeast_hydra -m ...` into sweep_dir, bounded in time; returns the CompletedProcess."""
+    command = [sys.executable, "-m", "torchbeast_hydra", "-m", f"hydra.sweep.dir={sweep_dir}", *overrides]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                          env=dict(os.environ if env is None else env, HYDRA_FULL_ERROR="0"))
+
+
+def _cluster_up() -> bool:
+    try:
+        return subprocess.run(["scontrol", "ping"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The local single-node SLURM cluster (`make slurm-start`), for tests marked slurm.
+
+    Started (and its Debian packages installed, if missing) once per session, and stopped at the
+    end unless it was already up before the tests. Skipped only where it cannot be had: not root,
+    or no apt-get to install it with."""
+    import shutil
+
+    installed = all(shutil.which(tool) for tool in ("slurmctld", "slurmd", "munged", "sbatch"))
+    if os.geteuid() != 0:
+        pytest.skip("the local SLURM cluster needs root (it starts munged, slurmctld and slurmd)")
+    if not installed and shutil.which("apt-get") is None:
+        pytest.skip("SLURM is not installed and there is no apt-get to install it with")
+    was_up = _cluster_up()
+    start = subprocess.run([str(REPO / "scripts/slurm/start.sh")], capture_output=True, text=True, timeout=600)
+    if start.returncode != 0:
+        raise AssertionError(f"make slurm-start failed:\n{start.stdout}\n{start.stderr}")
+    partition = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True,
+                               timeout=30).stdout.split()[0]
+    yield partition
+    if not was_up:
+        subprocess.run([str(REPO / "scripts/slurm/stop.sh")], capture_output=True, timeout=120)

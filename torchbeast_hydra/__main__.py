@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import CheckpointError
 from .config import ConfigError, Mode, PolyRole, register_configs, validate
+from .launch import LaunchError, check_launcher_plugin, hand_over, register_resolvers
 from .learner import NonFiniteUpdate
 from .training import RunDirError
 
@@ -25,6 +26,7 @@ log = logging.getLogger("torchbeast_hydra")
 CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 register_configs()
+register_resolvers()  # here, so that submitit job processes (which import this module) have them
 
 
 def write_run_info(run_dir: Path) -> None:
@@ -81,6 +83,8 @@ def run(cfg: DictConfig) -> None:
         backend.train(cfg, training_run)
     finally:
         training_run.close()
+    if training_run.stats.step < cfg.total_steps:  # stopped early: under submitit, requeue (see launch.py)
+        hand_over(training_run.stopped_by)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
@@ -95,5 +99,15 @@ def main(cfg: DictConfig) -> None:
         sys.exit(1)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The command line: checks what must be checked before Hydra composes the config, then runs."""
+    try:
+        check_launcher_plugin(sys.argv[1:])
+    except LaunchError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     main()
+
+
+if __name__ == "__main__":
+    cli()

@@ -133,12 +133,13 @@ def actor_main(env_cfg, num_envs, seed, unroll_length, model, buffers, state_buf
     """An actor process: fill the granted buffers with unrolls until told to stop."""
     torch.set_num_threads(1)  # one core-sized slice each; the learner gets the rest
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the learner, which stops us
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # SLURM signals the whole job; the parent handles it
     torch.manual_seed(seed)
     envs = Environments(env_cfg, num_envs, seed=seed, episodic_life=env_cfg.episodic_life)
     try:
         _act(envs, unroll_length, model, buffers, state_buffers, conn)
-    except (EOFError, BrokenPipeError, KeyboardInterrupt):
-        pass  # the learner is gone or stopping
+    except (EOFError, ConnectionError, KeyboardInterrupt):
+        pass  # the learner is gone (stopped us, or died: a reset pipe) or stopping
     finally:
         envs.close()
 
@@ -227,6 +228,8 @@ class MonoBeast:
                 process.kill()
                 process.join()
             self.pool.remove_actor(index)
+            if self.run.stop_requested.is_set():  # stopping anyway (e.g. SLURM signalled the whole job)
+                continue
             self.restarts += 1
             log.error("Actor %d (pid %s) died with exit code %s; starting a replacement (%d/%d).",
                       index, process.pid, process.exitcode, self.restarts, self.cfg.backend.max_actor_restarts)
@@ -279,7 +282,7 @@ class MonoBeast:
         threads_per_learner = cfg.backend.learner_torch_threads or os.cpu_count()
         torch.set_num_threads(threads_per_learner)
         learner_threads = []
-        with StopOnSignals(run.stop_requested):
+        with StopOnSignals(run.stop_requested) as run.stopped_by:
             try:
                 for index in range(cfg.backend.num_actors):
                     self._start_actor(index)

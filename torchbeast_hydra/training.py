@@ -62,6 +62,7 @@ class TrainingRun:
         self.learner = Learner(cfg, make_model(cfg.model, spec), self.device)
         self.lock = threading.Lock()  # guards the learner and stats between updates and saves
         self.stop_requested = threading.Event()
+        self.stopped_by: StopOnSignals | None = None  # set by the backend; see launch.hand_over
 
         self.checkpoint_path = checkpoint.path_in(self.run_dir)
         start_step, episodes = 0, 0
@@ -144,15 +145,28 @@ class TrainingRun:
         self.stats.close()
 
 
+# Signals that stop a run cleanly. SLURM sends SIGTERM when it cancels or requeues a job (then
+# SIGKILL after KillWait, 30 s by default), and submitit asks for SIGUSR2 `signal_delay_s` before
+# the time limit and on preemption.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+
+
 class StopOnSignals:
-    """SIGINT/SIGTERM ask the run to stop cleanly (checkpoint, no orphans); a second SIGINT aborts."""
+    """SIGINT/SIGTERM/SIGUSR2 ask the run to stop cleanly (checkpoint, no orphans); a second SIGINT aborts.
+
+    The first stop signal is kept in `received`, with the handler it displaced (`previous`), so
+    that once the checkpoint is written the caller can hand the signal to its owner: under
+    submitit that is its job handler, which requeues the job (see launch.hand_over).
+    """
 
     def __init__(self, stop: threading.Event):
         self.stop = stop
         self._previous = {}
+        self.received: int | None = None
+        self.previous = None  # the handler that owned `received` before us
 
     def __enter__(self):
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -161,6 +175,8 @@ class StopOnSignals:
             raise KeyboardInterrupt
         log.warning("Received %s: stopping after the current update and saving a checkpoint.",
                     signal.Signals(signum).name)
+        if self.received is None:
+            self.received, self.previous = signum, self._previous[signum]
         self.stop.set()
 
     def __exit__(self, *exc):

@@ -157,6 +157,7 @@ def client_main(env_cfg: EnvConfig, address: str, token: str, num_envs: int, con
     """A client process's entry point (spawned by role=all or role=env)."""
     if ignore_sigint:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # SLURM signals the whole job; the parent handles it
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][client][%(levelname)s] - %(message)s")
     client = EnvClient(env_cfg, address, token, num_envs, connect_timeout_s, max_message_bytes)
     sys.exit(client.run())

@@ -238,7 +238,7 @@ class PolyBeast:
         cfg, run, backend = self.cfg, self.run, self.cfg.backend
         learner = threading.Thread(target=self._learn, name="learner", daemon=True)
         clients = None
-        with StopOnSignals(run.stop_requested):
+        with StopOnSignals(run.stop_requested) as run.stopped_by:
             server, port = self._start_server()
             try:
                 if PolyRole(backend.role) is PolyRole.all:

@@ -1,0 +1,137 @@
+"""Sweeps and SLURM: sweep job dirs, checks before a sweep submits anything, preemption hand-over.
+
+Preemption and time limits under submitit (hydra/launcher=slurm or submitit_local)
+---------------------------------------------------------------------------------
+submitit runs each Hydra job inside its own job process and installs signal handlers there:
+SIGUSR2 (sent by SLURM `signal_delay_s` before the time limit, and on preemption) calls the
+launcher's `checkpoint()`, which re-submits the same Hydra job (same overrides, hence the same job
+dir), runs `scontrol requeue` and exits without a result; SIGTERM is ignored ("bypassed").
+
+A training run replaces those handlers while it trains (training.StopOnSignals): any of
+SIGINT/SIGTERM/SIGUSR2 stops the run, which stops its actors and writes its checkpoint. Only then,
+in `hand_over`, does the signal go to the handler it displaced:
+- SIGUSR2 -> submitit's handler: requeue and exit. The requeued job starts in the same job dir,
+  finds checkpoint.pt and resumes (step, optimizer, LR schedule; logs.csv rows continue).
+- SIGTERM under submitit: SLURM is requeueing (`scontrol requeue`, preemption) or cancelling the
+  job. The process exits at once with 143 and no result, so the launcher follows SLURM's job state
+  (the requeued run, or CANCELLED) instead of taking an unfinished run for a finished one.
+Outside submitit nothing changes: the run exits 0 after its checkpoint, as on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger("torchbeast_hydra")
+
+SUBDIR_RESOLVER = "tbh_job_subdir"
+MAX_SUBDIR_CHARS = 200
+
+# Launcher presets (hydra/launcher=NAME) that need hydra-submitit-launcher.
+SUBMITIT_LAUNCHERS = ("slurm", "submitit_slurm", "submitit_local")
+
+
+def job_subdir(override_dirname: str, job_num) -> str:
+    """A sweep job's dir name from its overrides: `env=pong,seed=1`, filesystem-safe.
+
+    Only the overrides decide it (not the job number or the attempt), so a requeued job finds its
+    own dir again. '/' (as in env.id=ALE/Pong-v5) becomes '_'; a name too long for a file system
+    is cut and suffixed with a hash of the whole name; no overrides at all gives `job<num>`.
+    """
+    name = str(override_dirname).replace(os.sep, "_").replace("\0", "")
+    if not name or name in (".", ".."):
+        return f"job{job_num}"
+    if len(name) > MAX_SUBDIR_CHARS:
+        digest = hashlib.sha1(name.encode()).hexdigest()[:10]
+        name = f"{name[:MAX_SUBDIR_CHARS - 11]}-{digest}"
+    return name
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver(SUBDIR_RESOLVER):
+        OmegaConf.register_new_resolver(SUBDIR_RESOLVER, job_subdir)
+
+
+class LaunchError(Exception):
+    """A sweep cannot be launched as configured; nothing has been written or submitted."""
+
+
+def check_launcher_plugin(argv: list[str]) -> None:
+    """hydra/launcher=slurm|submitit_* needs hydra-submitit-launcher: say so before Hydra composes."""
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+~") == "hydra/launcher" and value in SUBMITIT_LAUNCHERS:
+            if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+                raise LaunchError(
+                    f"hydra/launcher={value} needs the hydra-submitit-launcher plugin, which is not "
+                    "installed in this environment: `pip install hydra-submitit-launcher` (a dependency "
+                    "of this package, so `make setup` or `pip install -e .` installs it)."
+                )
+
+
+def check_slurm(partition: str | None) -> None:
+    """sbatch is on PATH, the controller answers, and the partition (if named) exists."""
+    if shutil.which("sbatch") is None:
+        raise LaunchError(
+            "hydra/launcher=slurm submits jobs with sbatch, which is not on PATH here: run the sweep on "
+            "a SLURM login node, or start the local cluster with `make slurm-start`."
+        )
+    try:
+        result = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as error:
+        raise LaunchError(f"cannot ask SLURM for its partitions (sinfo: {error}).") from error
+    if result.returncode != 0:
+        raise LaunchError(f"SLURM's controller does not answer (sinfo: {result.stderr.strip()}). "
+                          "Is the cluster up? Locally: `make slurm-start`.")
+    partitions = sorted(set(result.stdout.split()))
+    if partition and partition not in partitions:
+        raise LaunchError(
+            f"SLURM partition '{partition}' does not exist on this cluster (partitions: "
+            f"{', '.join(partitions) or 'none'}). Set hydra.launcher.partition=NAME or SLURM_PARTITION."
+        )
+
+
+class LaunchChecks(Callback):
+    """Checks a sweep's launcher before the sweeper writes its sweep dir or submits any job."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        target = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
+        try:
+            if target.endswith("SlurmLauncher"):
+                check_slurm(OmegaConf.select(config, "hydra.launcher.partition", default=None))
+        except LaunchError as error:
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(2)  # SystemExit passes through Hydra's error reporting: one clear line
+
+
+def _under_submitit(handler) -> bool:
+    owner = getattr(handler, "__self__", None)
+    return type(owner).__module__.startswith("submitit.")
+
+
+def hand_over(stopped_by) -> None:
+    """After a run stopped by a signal has written its checkpoint: let the signal's owner act on it.
+
+    See the module docstring. stopped_by: the run's training.StopOnSignals (or None).
+    """
+    if stopped_by is None or stopped_by.received is None or not _under_submitit(stopped_by.previous):
+        return
+    signum = stopped_by.received
+    for handler in logging.getLogger().handlers:  # the job's log, before submitit takes over
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if signum == signal.SIGTERM:
+        os._exit(128 + signum)
+    if signum == signal.SIGUSR2:
+        stopped_by.previous(signum, None)  # submitit: re-submit, `scontrol requeue`, sys.exit(-1)
