@@ -62,6 +62,12 @@ def run_cli(run_dir: Path, *overrides: str, timeout: float = 180, check: bool = 
     return result
 
 
+def sweep_job_dir(sweep: Path, *overrides: str) -> Path:
+    """The one job dir of a sweep whose overrides include these (job dirs are named by overrides)."""
+    (match,) = [d for d in sweep.iterdir() if d.is_dir() and set(overrides) <= set(d.name.split(","))]
+    return match
+
+
 def rows(run_dir):
     with open(run_dir / "logs.csv", newline="") as f:
         return list(csv.DictReader(f))

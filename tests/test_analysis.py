@@ -20,7 +20,7 @@ from nbclient import NotebookClient
 from torchbeast_hydra import analysis, plots
 from torchbeast_hydra.metrics import CSV_FIELDS
 
-from conftest import TINY, run_cli
+from conftest import TINY, run_cli, sweep_job_dir
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "analysis.ipynb"
 PNGS = ["returns.png", "sps.png", "losses.png", "final_returns.png"]
@@ -166,9 +166,9 @@ def test_real_sweep_loads_with_seeds_aggregated_per_learning_rate(real_sweep):
     assert df["run"].nunique() == 4 and df.attrs["swept_keys"] == ["optim.learning_rate"]
     assert analysis.settings(df) == ["optim.learning_rate=0.001", "optim.learning_rate=0.003"]
     table = analysis.final_returns_by_setting(df, last_n=20)
-    # Jobs: 0 seed=1 lr=0.003, 1 seed=1 lr=0.001, 2 seed=2 lr=0.003, 3 seed=2 lr=0.001.
-    by_hand = {lr: [hand_final_return(real_sweep / str(job), 20) for job in jobs]
-               for lr, jobs in (("0.003", (0, 2)), ("0.001", (1, 3)))}
+    by_hand = {lr: [hand_final_return(sweep_job_dir(real_sweep, f"seed={seed}", f"optim.learning_rate={lr}"), 20)
+                    for seed in (1, 2)]
+               for lr in ("0.003", "0.001")}
     for lr, values in by_hand.items():
         row = table.loc[f"optim.learning_rate={lr}"]
         assert row["mean"] == pytest.approx(statistics.mean(values))
@@ -207,7 +207,8 @@ def test_plot_command_writes_the_plots_and_prints_the_table(real_sweep, tmp_path
         assert_real_image(out_dir / name)
     with open(out_dir / "final_returns.csv", newline="") as f:
         table = {row["setting"]: float(row["mean"]) for row in csv.DictReader(f)}
-    expected = statistics.mean(hand_final_return(real_sweep / str(job), 20) for job in (1, 3))
+    expected = statistics.mean(hand_final_return(sweep_job_dir(real_sweep, f"seed={seed}", "optim.learning_rate=0.001"), 20)
+                               for seed in (1, 2))
     assert table["optim.learning_rate=0.001"] == pytest.approx(expected)
 
 

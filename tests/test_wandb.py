@@ -17,7 +17,7 @@ from torchbeast_hydra import wandb_log
 from torchbeast_hydra.config import ConfigError, validate
 from torchbeast_hydra.wandb_log import WandbLog, numeric_fields, resolve_mode, run_id_for
 
-from conftest import TINY, cli_env, compose_config, run_cli
+from conftest import TINY, cli_env, compose_config, run_cli, sweep_job_dir
 from wandb_records import offline_runs
 
 OFFLINE = [*TINY, "logger.wandb.mode=offline"]
@@ -115,8 +115,9 @@ def test_test_mode_logs_its_evaluation_and_video_to_the_trained_run(offline_run,
 def test_each_multirun_job_is_its_own_finished_run_grouped_by_the_sweep(tmp_path):
     sweep_dir = tmp_path / "lr_sweep"
     run_cli(sweep_dir, *OFFLINE, "seed=1,2", multirun=True, timeout=300)
-    runs = [first_run(sweep_dir / str(job)) for job in (0, 1)]
-    ids = [(sweep_dir / str(job) / "wandb_run_id").read_text().strip() for job in (0, 1)]
+    jobs = [sweep_job_dir(sweep_dir, f"seed={seed}") for seed in (1, 2)]
+    runs = [first_run(job) for job in jobs]
+    ids = [(job / "wandb_run_id").read_text().strip() for job in jobs]
     assert [r["run"].run_id for r in runs] == ids and ids[0] != ids[1]
     assert [r["run"].run_group for r in runs] == ["lr_sweep", "lr_sweep"]
     assert [r["run"].display_name for r in runs] == ["seed=1", "seed=2"]  # the swept overrides
