@@ -29,7 +29,7 @@ from .config import num_buffers
 from .envs import Environments, EnvSpec
 from .learner import AGENT_KEYS, ENV_KEYS, rollout_specs
 from .models import make_model
-from .training import StopOnSignals, TrainingRun
+from .training import StopOnSignals, TrainingRun, to_device
 
 log = logging.getLogger(__name__)
 
@@ -256,12 +256,7 @@ class MonoBeast:
         batch = {key: buffer[:, idx] for key, buffer in self.buffers.items()}
         core_state = tuple(buffer[:, idx] for buffer in self.state_buffers)
         self.pool.release(indices)
-        device = self.run.device
-        non_blocking = device.type == "cuda"
-        if non_blocking:
-            batch = {key: value.pin_memory().to(device, non_blocking=True) for key, value in batch.items()}
-            core_state = tuple(s.to(device, non_blocking=True) for s in core_state)
-        return batch, core_state
+        return to_device(batch, core_state, self.run.device)
 
     def _learn(self) -> None:
         try:

@@ -35,6 +35,14 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def to_device(batch: dict, core_state: tuple, device: torch.device) -> tuple[dict, tuple]:
+    """A CPU batch to the learner's device; through pinned memory to a GPU, so the copy overlaps."""
+    if device.type != "cuda":
+        return batch, core_state
+    batch = {key: value.pin_memory().to(device, non_blocking=True) for key, value in batch.items()}
+    return batch, tuple(s.to(device, non_blocking=True) for s in core_state)
+
+
 class RunDirError(RuntimeError):
     """The run dir cannot be written (disk full, permissions); the message says what to do."""
 

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from ..config import ConfigError, PolyRole, split_address
 from ..envs import probe_env
 from ..models import make_model
-from ..training import StopOnSignals, TrainingRun
+from ..training import StopOnSignals, TrainingRun, to_device
 from . import wire
 from .batcher import DynamicBatcher
 from .client import FINISHED, REFUSED, UNREACHABLE, channel_options, client_main
@@ -182,12 +182,7 @@ class PolyBeast:
                 items.append(self.rollouts.get(timeout=0.2))
             except queue.Empty:
                 continue
-        batch, core_state = stack_rollouts(items)
-        device = self.device
-        if device.type == "cuda":
-            batch = {key: value.pin_memory().to(device, non_blocking=True) for key, value in batch.items()}
-        core_state = tuple(s.to(device) for s in core_state)
-        return batch, core_state
+        return to_device(*stack_rollouts(items), self.device)
 
     def _learn(self) -> None:
         torch.set_num_threads(self.cfg.backend.learner_torch_threads or os.cpu_count())  # per thread
@@ -250,7 +245,7 @@ class PolyBeast:
                 while not run.done:
                     time.sleep(0.2)
                     if clients is not None:
-                        clients.supervise(training=True)
+                        clients.supervise(training=not run.done)
                     if time.monotonic() - last_log >= cfg.logger.log_interval_s:
                         log.info("%s Clients %d, learner queue %d.", run.stats.progress_line(),
                                  self.pool.connected, self.rollouts.qsize())
@@ -308,7 +303,7 @@ def run_env_clients(cfg) -> int:
         try:
             while clients.running and not stop.is_set():
                 time.sleep(0.2)
-                clients.supervise(training=True)
+                clients.supervise(training=not stop.is_set())
         finally:
             for process in clients.processes.values():
                 if process.is_alive():
