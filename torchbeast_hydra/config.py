@@ -73,7 +73,7 @@ class ModelConfig:
 class VtraceConfig:
     discounting: float = 0.99
     baseline_cost: float = 0.5
-    entropy_cost: float = 0.0006
+    entropy_cost: float = 0.01
     reward_clipping: RewardClipping = RewardClipping.abs_one
     clip_rho_threshold: Optional[float] = 1.0
     clip_pg_rho_threshold: Optional[float] = 1.0
@@ -82,7 +82,7 @@ class VtraceConfig:
 @dataclass
 class OptimConfig:
     name: OptimName = OptimName.rmsprop
-    learning_rate: float = 0.00048
+    learning_rate: float = 0.0006
     epsilon: float = 0.01
     alpha: float = 0.99  # rmsprop smoothing constant
     momentum: float = 0.0  # rmsprop
@@ -98,7 +98,7 @@ class BackendConfig:
 
     name: str = MISSING
     num_actors: int = 4  # mono: acting processes; poly: env client processes
-    envs_per_actor: int = 2  # stepped together; evaluated as one batch (mono) or sent as one message (poly)
+    envs_per_actor: int = 4  # stepped together; evaluated as one batch (mono) or sent as one message (poly)
     learner_torch_threads: int = 0  # intra-op threads for the learner; 0: all cores
     max_actor_restarts: int = 10  # a run whose actors keep dying stops with an error
 
@@ -187,7 +187,7 @@ class Config:
     seed: int = 1
     total_steps: int = 20_000_000
     batch_size: int = 8
-    unroll_length: int = 80
+    unroll_length: int = 20
     device: str = "auto"  # auto: cuda when available, else cpu
     checkpoint_interval_s: float = 600.0
     # mode=test: the training run dir whose checkpoint to load (default: this run dir).
