@@ -67,6 +67,9 @@ class TrainingRun:
         self.run_dir = Path(run_dir)
         self.spec = spec
         self.device = resolve_device(cfg.device)
+        # Seed before building the model: the seed decides the initial weights (a resumed run
+        # then loads its own weights and RNG state over these).
+        torch.manual_seed(cfg.seed)
         self.learner = Learner(cfg, make_model(cfg.model, spec), self.device)
         self.lock = threading.Lock()  # guards the learner and stats between updates and saves
         self.stop_requested = threading.Event()
@@ -81,8 +84,6 @@ class TrainingRun:
             checkpoint.set_rng_state(state["rng"])
             start_step, episodes = state["step"], state["stats"]["episodes"]
             log.info("Resuming from %s at step %d.", self.checkpoint_path, start_step)
-        else:
-            torch.manual_seed(cfg.seed)
         self.resumed = start_step > 0
         sinks = []
         self.csv_path = self.run_dir / "logs.csv"
