@@ -81,13 +81,20 @@ def train(run_dir: Path, overrides: list, seconds: float | None = None, timeout:
 
 
 def read_log(run_dir: Path) -> list:
+    """logs.csv's rows with step, time_s and episode_returns parsed; a torn last row (the run is
+    still writing) is left out."""
     with open(run_dir / "logs.csv", newline="") as f:
         rows = list(csv.DictReader(f))
+    parsed = []
     for row in rows:
-        row["step"] = int(row["step"])
-        row["time_s"] = float(row["time_s"])
-        row["episode_returns"] = json.loads(row["episode_returns"] or "[]")
-    return rows
+        try:
+            row["step"] = int(row["step"])
+            row["time_s"] = float(row["time_s"])
+            row["episode_returns"] = json.loads(row["episode_returns"] or "[]")
+        except (TypeError, ValueError):
+            break
+        parsed.append(row)
+    return parsed
 
 
 def platform_line() -> str:

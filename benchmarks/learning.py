@@ -1,65 +1,208 @@
-"""Learning: does IMPALA solve CartPole-v1 (mean return >= 475 over 100 episodes) in 500k steps?
+"""Learning: does the default command solve the task, on each backend, and how fast?
 
-    python benchmarks/learning.py                 # seeds 1 2 3, the cartpole preset, mono and poly
-    python benchmarks/learning.py --backends poly --seeds 1 2 3 4 5 backend.num_actors=4
+    python benchmarks/learning.py pong                  # env=pong on mono and poly, seed 1, 5M steps
+    python benchmarks/learning.py pong --backends mono --seeds 1 2 3 --stop-at-target
+    python benchmarks/learning.py cartpole              # experiment=cartpole, seeds 1 2 3, both backends
+    python benchmarks/learning.py pong --from-runs outputs/2026-11-23/04-43-07 ...  # read runs, no training
 
-Prints, per seed, the first step and wall time at which the mean of the last 100 episode returns
-reached the target, and the best such mean.
+Pong: the product's main command (`python -m torchbeast_hydra env=pong`, nothing else), stopped
+after --max-steps agent steps (5M = 20M frames); target: mean return >= +18 over the last 100
+whole games. CartPole: experiment=cartpole to its own total_steps; target 475.
+
+Writes into --out (default benchmarks/results/TASK-DATE): curve.png (mean return of the last 100
+games against agent steps and against wall-clock hours, one line per backend and seed),
+table.md and table.csv (steps and wall time to the target, final score, mean steps/s, machine),
+and the runs themselves under runs/.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import csv
+import datetime
+import signal
+import subprocess
 import sys
-import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from matplotlib.figure import Figure
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import platform_line, read_log, train  # noqa: E402
+from _common import platform_line, read_log  # noqa: E402
+
+WINDOW = 100  # games in the moving mean, as papers and TorchBeast report it
 
 
-def time_to_target(rows: list, target: float, window: int = 100):
-    """(step, seconds) when the mean of the last `window` returns first reached target; best mean."""
+@dataclass(frozen=True)
+class Task:
+    overrides: tuple  # the command's overrides, on top of backend= and seed=
+    target: float
+    max_steps: int | None  # stop the run here; None: its own total_steps
+    seeds: tuple
+
+
+TASKS = {
+    "pong": Task(overrides=("env=pong",), target=18.0, max_steps=5_000_000, seeds=(1,)),
+    "cartpole": Task(overrides=("experiment=cartpole",), target=475.0, max_steps=None, seeds=(1, 2, 3)),
+}
+
+
+def moving_mean(rows: list, window: int = WINDOW, min_games: int = 10) -> list:
+    """(step, hours, mean of the last `window` games) after each update that ended a game."""
     recent = collections.deque(maxlen=window)
+    points = []
+    for row in rows:
+        if row["episode_returns"]:
+            recent.extend(row["episode_returns"])
+            if len(recent) >= min_games:
+                points.append((row["step"], row["time_s"] / 3600, sum(recent) / len(recent)))
+    return points
+
+
+def summarise(rows: list, target: float) -> dict:
+    """Steps and seconds to the target (full window only), final and best means, mean steps/s."""
+    recent = collections.deque(maxlen=WINDOW)
     best, reached = float("-inf"), None
     for row in rows:
         recent.extend(row["episode_returns"])
-        if len(recent) == window:
-            mean = sum(recent) / window
+        if len(recent) == WINDOW:
+            mean = sum(recent) / WINDOW
             best = max(best, mean)
             if reached is None and mean >= target:
                 reached = (row["step"], row["time_s"])
-    return reached, best
+    last = rows[-1]
+    return dict(
+        steps_to_target=reached[0] if reached else None,
+        minutes_to_target=round(reached[1] / 60, 1) if reached else None,
+        final_mean=round(sum(recent) / len(recent), 2) if recent else None,
+        best_mean=round(best, 2) if recent and len(recent) == WINDOW else None,
+        games=sum(len(row["episode_returns"]) for row in rows),
+        steps=last["step"],
+        hours=round(last["time_s"] / 3600, 2),
+        mean_sps=round(last["step"] / last["time_s"]) if last["time_s"] else None,
+    )
+
+
+def last_step(run_dir: Path) -> int:
+    """The step of logs.csv's last complete row (0 before the first)."""
+    try:
+        rows = read_log(run_dir)
+    except (OSError, ValueError):
+        return 0
+    return rows[-1]["step"] if rows else 0
+
+
+def train(run_dir: Path, overrides: list, max_steps: int | None, stop_early) -> int:
+    """Runs the CLI in run_dir (resuming if it holds a checkpoint); SIGTERM once max_steps is
+    reached or stop_early(rows) says so (the run checkpoints and exits cleanly)."""
+    command = [sys.executable, "-m", "torchbeast_hydra", f"hydra.run.dir={run_dir}", *overrides]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "benchmark.out", "a") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            while process.poll() is None:
+                time.sleep(10)
+                if (max_steps and last_step(run_dir) >= max_steps) or stop_early(run_dir):
+                    process.send_signal(signal.SIGTERM)
+                    process.wait(timeout=300)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    return process.returncode
+
+
+def label_of(run_dir: Path) -> str:
+    """backend and seed, from the run's saved config."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    return f"{cfg.backend.name} seed {cfg.seed}"
+
+
+def plot(curves: dict, target: float, path: Path, title: str) -> None:
+    fig = Figure(figsize=(12, 4.2), dpi=100, layout="constrained")
+    by_steps, by_time = fig.subplots(1, 2)
+    for i, (label, points) in enumerate(curves.items()):
+        if not points:
+            continue
+        steps, hours, means = zip(*points)
+        by_steps.plot([s / 1e6 for s in steps], means, color=f"C{i}", label=label)
+        by_time.plot(hours, means, color=f"C{i}", label=label)
+    for ax, xlabel in ((by_steps, "agent steps (millions; x4 = frames)"), (by_time, "wall-clock hours")):
+        ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:g}")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"mean return, last {WINDOW} games")
+        ax.grid(alpha=0.3)
+    by_steps.legend(loc="lower right")
+    fig.suptitle(title)
+    fig.savefig(path)
+
+
+def write_tables(results: dict, out: Path, machine: str, command: str) -> str:
+    fields = ["run", *next(iter(results.values()))]
+    with open(out / "table.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fields)
+        writer.writeheader()
+        writer.writerows({"run": label, **summary} for label, summary in results.items())
+    lines = [f"machine: {machine}", f"command: `{command}`", "",
+             "| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]
+    for label, summary in results.items():
+        lines.append("| " + " | ".join(str(v if v is not None else "-") for v in [label, *summary.values()]) + " |")
+    text = "\n".join(lines) + "\n"
+    (out / "table.md").write_text(text)
+    return text
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("task", choices=sorted(TASKS))
     parser.add_argument("--backends", nargs="+", default=["mono", "poly"], choices=["mono", "poly"])
-    parser.add_argument("--target", type=float, default=475.0)
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides on top of experiment=cartpole")
+    parser.add_argument("--seeds", type=int, nargs="+")
+    parser.add_argument("--max-steps", type=int, help="stop each run here (pong: 5M)")
+    parser.add_argument("--stop-at-target", action="store_true", help="stop a run once it reaches the target")
+    parser.add_argument("--from-runs", type=Path, nargs="+", help="read these run dirs instead of training")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides (the figures then are not the defaults')")
     args = parser.parse_args()
+    task = TASKS[args.task]
+    max_steps = args.max_steps or task.max_steps
+    out = args.out or Path(__file__).parent / "results" / f"{args.task}-{datetime.date.today()}"
+    out.mkdir(parents=True, exist_ok=True)
+    machine = platform_line()
+    command = "python -m torchbeast_hydra " + " ".join([*task.overrides, *args.overrides])
 
-    print(f"machine: {platform_line()}")
-    print(f"config:  experiment=cartpole {' '.join(args.overrides)}")
-    for backend in args.backends:
-        solved = 0
-        for seed in args.seeds:
-            with tempfile.TemporaryDirectory() as tmp:
-                run_dir = Path(tmp) / "run"
-                overrides = ["experiment=cartpole", f"backend={backend}", f"seed={seed}", *args.overrides]
-                rc, wall, _ = train(run_dir, overrides)
-                rows = read_log(run_dir)
-            reached, best = time_to_target(rows, args.target)
-            if reached:
-                solved += 1
-                result = f"mean return >= {args.target:g} at step {reached[0]:,} after {reached[1]:.0f} s"
-            else:
-                result = f"target not reached in {rows[-1]['step']:,} steps"
-            print(f"{backend} seed {seed}: {result}; best mean {best:.1f}; run took {wall:.0f} s (exit {rc})",
-                  flush=True)
-        print(f"{backend}: solved {solved}/{len(args.seeds)} seeds", flush=True)
+    def reached(run_dir: Path) -> bool:
+        if not args.stop_at_target:
+            return False
+        try:
+            return summarise(read_log(run_dir), task.target)["steps_to_target"] is not None
+        except (OSError, ValueError, IndexError):
+            return False
+
+    run_dirs = list(args.from_runs or [])
+    if not run_dirs:
+        for backend in args.backends:
+            for seed in args.seeds or task.seeds:
+                run_dir = out / "runs" / f"{backend}-seed{seed}"
+                overrides = [*task.overrides, f"backend={backend}", f"seed={seed}", *args.overrides]
+                started = time.monotonic()
+                rc = train(run_dir, overrides, max_steps, reached)
+                print(f"{backend} seed {seed}: exit {rc} after {(time.monotonic() - started) / 60:.0f} min",
+                      flush=True)
+                run_dirs.append(run_dir)
+
+    curves, results = {}, {}
+    for run_dir in run_dirs:
+        label = label_of(run_dir)
+        rows = [row for row in read_log(run_dir) if not max_steps or row["step"] <= max_steps]
+        curves[label] = moving_mean(rows)
+        results[label] = summarise(rows, task.target)
+    plot(curves, task.target, out / "curve.png", f"{command}  ({machine})")
+    print(write_tables(results, out, machine, command))
+    print(f"wrote {out / 'curve.png'}, {out / 'table.md'}, {out / 'table.csv'}")
 
 
 if __name__ == "__main__":

@@ -45,6 +45,8 @@ def test_resume_continues_steps_optimizer_and_schedule(tiny_run):
     assert logged[-1] == 5120
     diffs = {b - a for a, b in zip(logged, logged[1:])}
     assert diffs == {64}, "no missing rows across the restart"
+    times = [float(row["time_s"]) for row in rows(tiny_run)]
+    assert times == sorted(times), "the training clock goes on across the restart"
     second = checkpoint.load(checkpoint.path_in(tiny_run))
     updates = second["learner"]["scheduler"]["last_epoch"]
     assert updates == first["learner"]["scheduler"]["last_epoch"] + (logged[-1] - first["step"]) // 64

@@ -170,7 +170,10 @@ class TestConfig:
     num_episodes: int = 10
     greedy: bool = True  # argmax actions; false samples from the policy
     record_video: bool = False
-    max_episode_steps: int = 108_000  # agent steps; guards against a policy that never ends
+    # Agent steps before a game is cut: ALE's own cap, 108,000 frames at frame skip 4.
+    max_episode_steps: int = 27_000
+    # Sticky actions while testing; null: as trained. 0.25 is the Machado et al. (2018) protocol.
+    sticky_action_prob: Optional[float] = None
 
 
 @dataclass
@@ -254,6 +257,9 @@ def validate(cfg) -> None:
     _check(cfg.env.screen_size >= 1, "env.screen_size must be at least 1.")
     _check(cfg.logger.log_interval_s > 0, "logger.log_interval_s must be positive.")
     _check(cfg.test.max_episode_steps >= 1, "test.max_episode_steps must be at least 1.")
+    sticky = cfg.test.sticky_action_prob
+    _check(sticky is None or 0 <= sticky <= 1,
+           f"test.sticky_action_prob={sticky} must be in [0, 1] (or null: as trained).")
     _check(cfg.backend.max_actor_restarts >= 0, "backend.max_actor_restarts must be >= 0.")
     _check(cfg.backend.learner_torch_threads >= 0, "backend.learner_torch_threads must be >= 0 (0: all cores).")
     _check(cfg.test.num_episodes >= 1, "test.num_episodes must be at least 1.")

@@ -201,6 +201,16 @@ class Environments:
             out["frame"][i] = obs
         return out
 
+    def restart(self, i: int) -> None:
+        """Abandons env i's game and starts a new one (unseeded: not a replay of the first)."""
+        obs, _ = self.envs[i].reset()
+        self._lives[i] = self._read_lives(self.envs[i])
+        self._return[i] = 0.0
+        self._steps[i] = 0
+        self.out["frame"][i] = obs
+        self.out["done"][i] = True
+        self.out["episode_end"][i] = False
+
     @staticmethod
     def _read_lives(env: gym.Env) -> int:
         ale = getattr(env.unwrapped, "ale", None)

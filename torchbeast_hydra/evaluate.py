@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import logging
+import os
+import statistics
 import time
 from pathlib import Path
 
@@ -13,21 +15,30 @@ from omegaconf import OmegaConf
 
 from . import checkpoint
 from .config import ConfigError, EnvConfig
-from .envs import Environments
+from .envs import Environments, is_atari
 from .models import make_model
 from .wandb_log import WandbLog
 
 log = logging.getLogger(__name__)
 
+# What an evaluation measured; the rest of its eval.csv row says how (the protocol).
+EVAL_FIGURES = ("episodes", "mean_return", "std_return", "min_return", "max_return", "mean_length", "seconds")
+
 
 def evaluate(cfg, run_dir: Path) -> dict:
-    """Loads run_dir's checkpoint and plays cfg.test.num_episodes full games; returns the figures."""
+    """Loads run_dir's checkpoint and plays cfg.test.num_episodes whole games; returns the figures.
+
+    The games are played as the agent was trained (the same preprocessing and life-loss handling:
+    FIRE after a lost life, the LSTM state reset), and scored as papers do: the whole game's
+    return, all lives, capped at test.max_episode_steps (ALE's 108,000 frames).
+    """
     state = checkpoint.load(checkpoint.path_in(run_dir))
-    # The trained run's env and model, whatever this invocation's defaults say.
-    env_cfg = OmegaConf.merge(OmegaConf.structured(EnvConfig), state["config"]["env"])
+    env_cfg = eval_env_config(cfg, state)
+    # The trained run's model, whatever this invocation's defaults say.
     model_cfg = OmegaConf.merge(cfg.model, state["config"]["model"])
     record = cfg.test.record_video
-    envs = Environments(OmegaConf.to_object(env_cfg), 1, seed=cfg.seed, episodic_life=False,
+    # Life losses as in training: FIRE after one where the game needs it, and `done` for the model.
+    envs = Environments(env_cfg, 1, seed=cfg.seed, episodic_life=env_cfg.episodic_life,
                         render_mode="rgb_array" if record else None)
     if record:
         envs.envs[0] = _record_video(envs.envs[0], run_dir / "videos")
@@ -36,50 +47,76 @@ def evaluate(cfg, run_dir: Path) -> dict:
     model.eval()
     torch.manual_seed(cfg.seed)
 
-    returns, lengths = [], []
-    env_output = {key: torch.from_numpy(array).unsqueeze(0) for key, array in envs.initial().items()}
-    core_state = model.initial_state(1)
-    steps = 0
     started = time.monotonic()
     action = "greedy" if cfg.test.greedy else "sample"
-    while len(returns) < cfg.test.num_episodes:
-        with torch.no_grad():
-            agent_output, core_state = model(env_output, core_state, action=action)
-        envs.step(agent_output["action"][0].numpy())
-        steps += 1
-        timed_out = steps >= cfg.test.max_episode_steps
-        if envs.out["episode_end"][0] or timed_out:
-            returns.append(float(envs.out["episode_return"][0]))
-            lengths.append(int(envs.out["episode_step"][0]))
-            log.info("Episode %d: return %.1f in %d steps%s.", len(returns), returns[-1], lengths[-1],
-                     " (cut at test.max_episode_steps)" if timed_out and not envs.out["episode_end"][0] else "")
-            if timed_out:
-                envs.initial()
-            steps = 0
-    envs.close()
+    try:
+        returns, lengths = play(model, envs, cfg.test.num_episodes, cfg.test.max_episode_steps, action)
+    finally:
+        envs.close()
     result = dict(
         step=state["step"],
         episodes=len(returns),
-        mean_return=sum(returns) / len(returns),
+        mean_return=statistics.fmean(returns),
+        std_return=statistics.pstdev(returns),
         min_return=min(returns),
         max_return=max(returns),
-        mean_length=sum(lengths) / len(lengths),
-        greedy=cfg.test.greedy,
+        mean_length=statistics.fmean(lengths),
         seconds=round(time.monotonic() - started, 2),
+        # The protocol, so that figures from different evaluations are never mixed up.
+        greedy=cfg.test.greedy,
+        sticky_action_prob=env_cfg.sticky_action_prob if is_atari(env_cfg.id) else "",
+        max_episode_steps=cfg.test.max_episode_steps,
+        episodic_life=envs.episodic_life,
+        noop_max=env_cfg.noop_max if is_atari(env_cfg.id) else "",
+        seed=cfg.seed,
     )
     _append_row(run_dir / "eval.csv", result)
     _log_to_wandb(cfg, run_dir, result, list((run_dir / "videos").glob("test-episode-*.mp4"))
                   if record else [])
     print(f"Mean return over {len(returns)} episodes: {result['mean_return']:.2f} "
-          f"(min {result['min_return']:.1f}, max {result['max_return']:.1f}) at step {state['step']}.")
+          f"± {result['std_return']:.2f} (min {result['min_return']:.1f}, max {result['max_return']:.1f}) "
+          f"at step {state['step']}.")
     return result
+
+
+def eval_env_config(cfg, state: dict) -> EnvConfig:
+    """The trained run's env, with test mode's protocol (sticky actions) on top."""
+    env_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EnvConfig), state["config"]["env"]))
+    if cfg.test.sticky_action_prob is not None:
+        env_cfg.sticky_action_prob = cfg.test.sticky_action_prob
+    return env_cfg
+
+
+def play(model, envs: Environments, num_episodes: int, max_episode_steps: int, action: str):
+    """Plays envs.envs[0] for num_episodes games; returns (returns, lengths).
+
+    A game cut at max_episode_steps counts with the return it had, and the next one starts from
+    a fresh reset (never a replay of the first game: the env's RNG goes on).
+    """
+    returns, lengths = [], []
+    env_output = {key: torch.from_numpy(array).unsqueeze(0) for key, array in envs.initial().items()}
+    core_state = model.initial_state(1)
+    while len(returns) < num_episodes:
+        with torch.no_grad():
+            agent_output, core_state = model(env_output, core_state, action=action)
+        out = envs.step(agent_output["action"][0].numpy())
+        game_over = bool(out["episode_end"][0])
+        cut = not game_over and out["episode_step"][0] >= max_episode_steps
+        if game_over or cut:
+            returns.append(float(out["episode_return"][0]))
+            lengths.append(int(out["episode_step"][0]))
+            log.info("Episode %d: return %.1f in %d steps%s.", len(returns), returns[-1], lengths[-1],
+                     " (cut at test.max_episode_steps)" if cut else "")
+            if cut:
+                envs.restart(0)
+    return returns, lengths
 
 
 def _log_to_wandb(cfg, run_dir: Path, result: dict, videos: list) -> None:
     """Adds the evaluation to the trained run's wandb run (its id is kept in run_dir)."""
     # No config, name or tags: they stay the training run's.
     sink = WandbLog(cfg.logger.wandb, run_dir, job_type=None)
-    figures = {f"eval/{key}": value for key, value in result.items() if key not in ("step", "greedy")}
+    figures = {f"eval/{key}": result[key] for key in EVAL_FIGURES}
     video = {"eval/video": max(videos, key=lambda path: path.stat().st_mtime)} if videos else {}
     sink.log(dict(step=result["step"], **figures), videos=video, summary=figures)
     sink.close()
@@ -97,9 +134,16 @@ def _record_video(env: gym.Env, folder: Path) -> gym.Env:
 
 
 def _append_row(path: Path, row: dict) -> None:
-    new_file = not path.exists()
-    with open(path, "a", newline="") as f:
-        writer = csv.DictWriter(f, list(row))
-        if new_file:
-            writer.writeheader()
-        writer.writerow(row)
+    """Appends row to the csv; a file written with other columns is rewritten with all of them."""
+    rows, fields = [], list(row)
+    if path.exists():
+        with open(path, newline="") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+            fields = list(dict.fromkeys([*(reader.fieldnames or []), *row]))
+    tmp = path.with_name(path.name + ".tmp")  # then renamed: a crash leaves the old file whole
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fields, restval="")
+        writer.writeheader()
+        writer.writerows([*rows, row])
+    os.replace(tmp, path)

@@ -90,16 +90,18 @@ def _int(value) -> int:
 class Stats:
     """Folds learner updates into CSV rows and keeps recent returns for the progress line."""
 
-    def __init__(self, start_step: int, total_steps: int, sinks: Iterable[Sink] = ()):
+    def __init__(self, start_step: int, total_steps: int, sinks: Iterable[Sink] = (), start_time_s: float = 0.0):
+        """start_time_s: training time before this process (a resumed run's clock goes on)."""
         self.step = start_step
         self.total_steps = total_steps
         self.sinks = list(sinks)
         self.recent_returns = collections.deque(maxlen=100)
         self.episodes = 0
         self.last = {}
-        self._start_time = time.monotonic()
+        now = time.monotonic()
+        self._start_time = now - start_time_s
         self._sps_window = collections.deque(maxlen=50)  # (time, step) pairs for a smoothed SPS
-        self._sps_window.append((self._start_time, start_step))
+        self._sps_window.append((now, start_step))
 
     def record(self, steps: int, episode_returns: list, update_stats: dict, queues: dict) -> dict:
         now = time.monotonic()
@@ -132,6 +134,11 @@ class Stats:
                 errors.append(error)
         if errors:
             raise errors[0]
+
+    @property
+    def elapsed_s(self) -> float:
+        """Training time so far, across resumes (logs.csv's time_s)."""
+        return time.monotonic() - self._start_time
 
     @property
     def sps(self) -> float:

@@ -76,13 +76,14 @@ class TrainingRun:
         self.stopped_by: StopOnSignals | None = None  # set by the backend; see launch.hand_over
 
         self.checkpoint_path = checkpoint.path_in(self.run_dir)
-        start_step, episodes = 0, 0
+        start_step, episodes, elapsed_s = 0, 0, 0.0
         if self.checkpoint_path.exists():
             state = checkpoint.load(self.checkpoint_path, map_location=self.device)
             self._check_compatible(state)
             self.learner.load_state_dict(state["learner"])
             checkpoint.set_rng_state(state["rng"])
             start_step, episodes = state["step"], state["stats"]["episodes"]
+            elapsed_s = state["stats"].get("time_s", 0.0)  # absent in older checkpoints
             log.info("Resuming from %s at step %d.", self.checkpoint_path, start_step)
         self.resumed = start_step > 0
         sinks = []
@@ -95,7 +96,7 @@ class TrainingRun:
                              config=to_plain_dict(cfg))
         if wandb_log.active:
             sinks.append(wandb_log)
-        self.stats = Stats(start_step, cfg.total_steps, sinks)
+        self.stats = Stats(start_step, cfg.total_steps, sinks, start_time_s=elapsed_s)
         self.stats.episodes = episodes
         self._last_save = time.monotonic()
 
@@ -141,7 +142,7 @@ class TrainingRun:
             state = dict(
                 learner=self.learner.state_dict(),
                 step=self.stats.step,
-                stats=dict(episodes=self.stats.episodes),
+                stats=dict(episodes=self.stats.episodes, time_s=self.stats.elapsed_s),
                 rng=checkpoint.rng_state(),
                 config=to_plain_dict(self.cfg),
             )

@@ -1,0 +1,91 @@
+"""Test mode plays as the agent was trained and scores whole games (evaluate.play, in process)."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+import torch
+
+from torchbeast_hydra.config import EnvConfig
+from torchbeast_hydra.envs import Environments
+from conftest import compose_config, run_cli
+from torchbeast_hydra.evaluate import _append_row, eval_env_config, play
+
+
+class FixedPolicy(torch.nn.Module):
+    """Always the same action; remembers what it was shown (a stand-in for a trained model)."""
+
+    def __init__(self, action: int):
+        super().__init__()
+        self.action = action
+        self.seen = []
+
+    def initial_state(self, batch_size=1):
+        return ()
+
+    def forward(self, inputs, core_state=(), action="greedy"):
+        self.seen.append({key: value.clone() for key, value in inputs.items()})
+        return dict(action=torch.full((1, 1), self.action)), core_state
+
+
+def breakout_eval_envs(*overrides):
+    cfg = compose_config(["mode=test", *overrides])
+    state = dict(config=dict(env=dict(id="ALE/Breakout-v5"), model={}))
+    env_cfg = eval_env_config(cfg, state)
+    return env_cfg, Environments(env_cfg, 1, seed=0, episodic_life=env_cfg.episodic_life)
+
+
+def test_a_policy_that_never_fires_still_finishes_breakout_games():
+    # Trained with episodic life, the agent never had to press FIRE after losing a life; test mode
+    # must do it for it, as training did, or the ball is never served again and the game stalls.
+    _, envs = breakout_eval_envs()
+    policy = FixedPolicy(action=0)  # NOOP
+    returns, lengths = play(policy, envs, num_episodes=1, max_episode_steps=27_000, action="greedy")
+    envs.close()
+    assert lengths[0] < 5_000  # over by game over (all five lives), not by the cap
+    dones = [bool(step["done"][0, 0]) for step in policy.seen]
+    assert sum(dones[1:]) == 4  # each of the first four lost lives ends an episode for the model
+
+
+def test_sticky_actions_for_evaluation_only():
+    env_cfg, envs = breakout_eval_envs("test.sticky_action_prob=0.25")
+    ale = envs.envs[0].unwrapped.ale
+    assert env_cfg.sticky_action_prob == 0.25
+    assert ale.getFloat("repeat_action_probability") == pytest.approx(0.25)
+    envs.close()
+    env_cfg, envs = breakout_eval_envs()
+    assert envs.envs[0].unwrapped.ale.getFloat("repeat_action_probability") == 0.0
+    envs.close()
+
+
+def test_a_cut_game_is_not_replayed():
+    envs = Environments(EnvConfig(id="CartPole-v1"), 1, seed=0, episodic_life=False)
+    policy = FixedPolicy(action=0)
+    returns, lengths = play(policy, envs, num_episodes=3, max_episode_steps=3, action="greedy")
+    envs.close()
+    assert lengths == [3, 3, 3] and returns == [3.0, 3.0, 3.0]
+    starts = [step["frame"][0, 0].numpy() for step in policy.seen if step["done"][0, 0]]
+    assert len(starts) == 3
+    assert not np.allclose(starts[0], starts[1]) and not np.allclose(starts[1], starts[2])
+
+
+def test_eval_csv_keeps_old_rows_when_columns_are_added(tmp_path):
+    path = tmp_path / "eval.csv"
+    _append_row(path, dict(step=1, mean_return=2.0))
+    _append_row(path, dict(step=2, mean_return=3.0, sticky_action_prob=0.25))
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [row["step"] for row in rows] == ["1", "2"]
+    assert rows[0]["sticky_action_prob"] == "" and rows[1]["sticky_action_prob"] == "0.25"
+
+
+def test_test_mode_records_its_protocol(tiny_run, tmp_path):
+    result = run_cli(tmp_path / "eval", "experiment=cartpole", "mode=test", f"load_dir={tiny_run}",
+                     "test.num_episodes=2")
+    assert "Mean return over 2 episodes" in result.stdout and "±" in result.stdout
+    with open(tiny_run / "eval.csv", newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    assert int(row["episodes"]) == 2 and float(row["std_return"]) >= 0
+    assert row["max_episode_steps"] == "27000" and row["greedy"] == "True"
