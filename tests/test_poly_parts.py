@@ -85,6 +85,8 @@ def test_step_round_trip():
     (b"", "expected a step, got an empty message"),
     (wire.encode_step(env_outputs(last_action=3)), "outside the action space"),
     (wire.encode_step(env_outputs(reward=math.nan)), "must be finite"),
+    (wire.encode_step(dict(env_outputs(), frame=np.array([[0, 0, 0, 0], [0, math.inf, 0, 0]], np.float32))),
+     "frame has non-finite values \\(NaN/inf\\) for envs \\[1\\]"),
     (wire.encode_step(env_outputs(n=3)), "expected float32 \\[2, 4\\], got float32 \\[3, 4\\]"),
 ])
 def test_malformed_steps_are_rejected_with_the_reason(raw, reason):

@@ -153,6 +153,7 @@ class PolyConfig(BackendConfig):
     learner_queue_size: int = 64  # finished rollouts waiting for the learner (bounds memory)
     cut_at_reset: bool = True  # an env reset ends its rollout early (a partial, masked rollout)
     max_clients: int = 64  # concurrent client streams the server accepts
+    client_idle_timeout_s: float = 60.0  # a stream the server waits on longer is dropped
     max_envs_per_client: int = 256  # sizes the message limit: larger steps are refused
     connect_timeout_s: float = 60.0  # clients wait this long for a learner that is not up (yet)
     inference_torch_threads: int = 1  # intra-op threads for central inference
@@ -317,6 +318,7 @@ def _validate_poly(cfg) -> None:
         _check(backend[key] >= 1, f"backend.{key} must be at least 1.")
     _check(backend.batch_timeout_ms >= 0, "backend.batch_timeout_ms must be >= 0.")
     _check(backend.connect_timeout_s > 0, "backend.connect_timeout_s must be positive.")
+    _check(backend.client_idle_timeout_s > 0, "backend.client_idle_timeout_s must be positive.")
     _check(backend.inference_torch_threads >= 1, "backend.inference_torch_threads must be at least 1.")
     _check(backend.max_envs_per_client >= 1, "backend.max_envs_per_client must be at least 1.")
     _check(

@@ -66,6 +66,7 @@ class EnvClient:
         """Serves the learner until it finishes; returns the process exit code."""
         deadline = time.monotonic() + self.connect_timeout_s
         backoff = 0.1
+        full_warned = False
         try:
             while True:
                 try:
@@ -76,6 +77,9 @@ class EnvClient:
                     log.error("The learner at %s refused this client: %s", self.address, refused)
                     return REFUSED
                 except ConnectionError as lost:
+                    if "RESOURCE_EXHAUSTED" in str(lost) and not full_warned:
+                        log.warning("The learner at %s is full (%s); retrying.", self.address, lost)
+                        full_warned = True
                     if self.outputs is not None:  # we were connected: wait afresh for the learner
                         deadline = max(deadline, time.monotonic() + self.connect_timeout_s)
                     if time.monotonic() > deadline:

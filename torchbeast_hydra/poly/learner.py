@@ -15,7 +15,6 @@ import socket
 import statistics
 import threading
 import time
-from concurrent import futures
 
 import grpc
 import torch
@@ -28,9 +27,9 @@ from ..models import make_model
 from ..training import StopOnSignals, TrainingRun, to_device
 from . import wire
 from .batcher import DynamicBatcher
-from .client import FINISHED, REFUSED, UNREACHABLE, channel_options, client_main
+from .client import FINISHED, REFUSED, UNREACHABLE, client_main
 from .rollouts import stack_rollouts
-from .server import ActorPool
+from .server import ActorPool, make_server
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +131,8 @@ class PolyBeast:
                                         setup=lambda: torch.set_num_threads(backend.inference_torch_threads))
         self.pool = ActorPool(
             run.spec, cfg.env.id, self.inference, self._initial_state, self._enqueue, self.token,
-            cfg.unroll_length, backend.cut_at_reset, backend.max_envs_per_client, cfg.seed)
+            cfg.unroll_length, backend.cut_at_reset, backend.max_envs_per_client, cfg.seed,
+            max_clients=backend.max_clients, client_idle_timeout_s=backend.client_idle_timeout_s)
         self.max_message_bytes = wire.max_message_bytes(run.spec.obs_shape, run.spec.obs_dtype,
                                                         backend.max_envs_per_client)
         self._errors = []
@@ -209,14 +209,8 @@ class PolyBeast:
 
     def _start_server(self) -> tuple[grpc.Server, int]:
         backend = self.cfg.backend
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=backend.max_clients + 2, thread_name_prefix="actorpool"),
-            handlers=[self.pool.handler()],
-            options=channel_options(self.max_message_bytes),
-            maximum_concurrent_rpcs=backend.max_clients,
-        )
         try:
-            port = server.add_insecure_port(backend.address)
+            server, port = make_server(self.pool, backend.address, self.max_message_bytes)
         except RuntimeError as error:
             raise ConfigError(f"cannot listen on backend.address={backend.address} ({error}); "
                               "is another learner using that port?") from None

@@ -142,7 +142,14 @@ def decode_step(message, num_envs: int, obs_shape: tuple, obs_dtype: str, num_ac
         raise WireError(f"last_action {last_action.tolist()} outside the action space [0, {num_actions})")
     if not (np.isfinite(arrays["reward"]).all() and np.isfinite(arrays["episode_return"]).all()):
         raise WireError("reward and episode_return must be finite")
+    frame = arrays["frame"]
+    if frame.dtype.kind in "fc" and not np.isfinite(frame).all():
+        raise WireError(f"frame has non-finite values (NaN/inf) for envs {_bad_rows(frame).tolist()}")
     return arrays
+
+
+def _bad_rows(frame: np.ndarray) -> np.ndarray:
+    return np.flatnonzero(~np.isfinite(frame.reshape(len(frame), -1)).all(axis=1))
 
 
 def decode_actions(message, num_envs: int, num_actions: int) -> np.ndarray:
