@@ -72,6 +72,8 @@ class ActorPool:
         self.rejected = 0  # streams ended for a bad token, env or message
         self.dropped = 0  # streams ended for silence
         self._streams = set()  # every open stream, hello or not: they hold the slots
+        self._step_seconds = 0.0  # in our hands per step (decode, assembly, encode), not in inference
+        self._step_envs = 0
         self._watchdog = threading.Thread(target=self._drop_idle_streams, name="actorpool-watchdog", daemon=True)
         self._watchdog.start()
 
@@ -100,12 +102,14 @@ class ActorPool:
             while (raw := stream.receive(requests)) is not None:
                 if self.stopping.is_set():
                     break
+                started = time.perf_counter()
                 try:
                     actions = session.step(self._step(raw, hello.num_envs))
                 except BatcherClosed:
                     break
                 message = wire.ServerMessage()
                 wire.encode_array(actions, message.actions)
+                self._count_step(time.perf_counter() - started - session.inference_s, hello.num_envs)
                 yield message
             else:
                 return  # the client closed its stream
@@ -132,6 +136,18 @@ class ActorPool:
                 if not self.stopping.is_set():
                     log.info("Client %d left; its %d unfinished unrolls go to the learner as partial rollouts.",
                              client_id, partial)
+
+    def _count_step(self, seconds: float, num_envs: int) -> None:
+        with self._lock:
+            self._step_seconds += seconds
+            self._step_envs += num_envs
+
+    def take_step_stats(self) -> float | None:
+        """Microseconds of server work per env step since the last call (None without steps)."""
+        with self._lock:
+            seconds, envs = self._step_seconds, self._step_envs
+            self._step_seconds, self._step_envs = 0.0, 0
+        return 1e6 * seconds / envs if envs else None
 
     def _open(self, stream: "Stream") -> None:
         with self._lock:
@@ -246,6 +262,7 @@ class Session:
 
     def __init__(self, pool: ActorPool, num_envs: int):
         self.inference = pool.inference
+        self.inference_s = 0.0  # the last step's wait for central inference
         self.core_state = pool.initial_state(num_envs)
         self.builder = RolloutBuilder(rollout_specs(pool.spec), num_envs, pool.unroll_length,
                                       self.core_state, pool.cut_at_reset, pool.emit)
@@ -254,7 +271,9 @@ class Session:
         self.builder.add(env_outputs, self.core_state)
         inputs = {key: torch.from_numpy(env_outputs[key]) for key in POLICY_INPUTS}
         inputs.update({f"core_state_{i}": s for i, s in enumerate(self.core_state)})
+        started = time.perf_counter()
         outputs = self.inference(inputs)
+        self.inference_s = time.perf_counter() - started
         self.core_state = tuple(outputs[f"core_state_{i}"] for i in range(len(self.core_state)))
         self.builder.set_agent_outputs({key: value.numpy() for key, value in outputs.items()})
         return outputs["action"].numpy()
