@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import queue
 import secrets
 import shutil
 import subprocess
@@ -200,11 +199,12 @@ class NullLearner:
 
         from torchbeast_hydra.poly import wire
         from torchbeast_hydra.poly.batcher import DynamicBatcher
+        from torchbeast_hydra.poly.rollouts import RolloutQueue
         from torchbeast_hydra.poly.server import ActorPool, make_server
 
         self.args = args
         self.token = secrets.token_urlsafe(16)
-        self.rollouts = queue.Queue(maxsize=args.learner_queue_size)
+        self.rollouts = RolloutQueue(args.learner_queue_size)
         self.inference = DynamicBatcher(trivial_policy(maker.spec.num_actions), args.max_batch_size,
                                         args.batch_timeout_ms / 1000, producers=lambda: self.pool.connected,
                                         setup=lambda: torch.set_num_threads(1), name="inference")
@@ -220,31 +220,19 @@ class NullLearner:
         self._thread = threading.Thread(target=self._learn, daemon=True)
         self._thread.start()
 
-    def _enqueue(self, rollout, core_state) -> None:
-        while not self.pool.stopping.is_set():
-            try:
-                self.rollouts.put((rollout, core_state), timeout=0.5)
-                return
-            except queue.Full:
-                continue
+    def _enqueue(self, rollouts, core_state) -> None:
+        self.rollouts.put(rollouts, core_state, self.pool.stopping)
 
     def _learn(self) -> None:
-        from torchbeast_hydra.poly.rollouts import stack_rollouts
-
-        while not self.pool.stopping.is_set():
-            items = []
-            while len(items) < self.args.batch_size and not self.pool.stopping.is_set():
-                try:
-                    items.append(self.rollouts.get(timeout=0.2))
-                except queue.Empty:
-                    continue
-            if len(items) < self.args.batch_size:
-                return
+        while True:
             started = time.perf_counter()
-            batch, _ = stack_rollouts(items)
-            self.steps += int(batch["mask"][1:].sum())
-            self.gather_s += time.perf_counter() - started
+            got = self.rollouts.get_batch(self.args.batch_size, self.pool.stopping.is_set)
+            if got is None:
+                return
+            self.steps += int(got[0]["mask"][1:].sum())
+            self.gather_s += self.rollouts.assembly_s
             self.batches += 1
+            del started
 
     def stop(self) -> None:
         self.pool.stop(finished=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import secrets
 import socket
 import statistics
@@ -28,7 +27,7 @@ from ..training import StopOnSignals, TrainingRun, to_device
 from . import wire
 from .batcher import DynamicBatcher
 from .client import FINISHED, REFUSED, UNREACHABLE, client_main
-from .rollouts import stack_rollouts
+from .rollouts import RolloutQueue
 from .server import ActorPool, make_server
 
 log = logging.getLogger(__name__)
@@ -125,7 +124,7 @@ class PolyBeast:
         self.model.eval()
         self.weights_lock = threading.Lock()
         self._sync_weights()
-        self.rollouts = queue.Queue(maxsize=backend.learner_queue_size)
+        self.rollouts = RolloutQueue(backend.learner_queue_size)
         self.inference = DynamicBatcher(self._infer, backend.max_batch_size, backend.batch_timeout_ms / 1000,
                                         producers=lambda: self.pool.connected, name="inference",
                                         setup=lambda: torch.set_num_threads(backend.inference_torch_threads))
@@ -156,14 +155,9 @@ class PolyBeast:
             result[f"core_state_{i}"] = state.transpose(0, 1).cpu()
         return result
 
-    def _enqueue(self, rollout: dict, core_state: tuple) -> None:
-        """Hands a rollout to the learner; waits while its queue is full (back-pressure)."""
-        while not self.pool.stopping.is_set():
-            try:
-                self.rollouts.put((rollout, core_state), timeout=0.5)
-                return
-            except queue.Full:
-                continue
+    def _enqueue(self, rollouts: dict, core_state: tuple) -> None:
+        """Hands rollouts to the learner; waits while its queue is full (back-pressure)."""
+        self.rollouts.put(rollouts, core_state, self.pool.stopping)
 
     # -- learning ----------------------------------------------------------------------------
 
@@ -174,15 +168,8 @@ class PolyBeast:
                 target.copy_(source)
 
     def _get_batch(self):
-        items = []
-        while len(items) < self.cfg.batch_size:
-            if self.run.done:
-                return None
-            try:
-                items.append(self.rollouts.get(timeout=0.2))
-            except queue.Empty:
-                continue
-        return to_device(*stack_rollouts(items), self.device)
+        got = self.rollouts.get_batch(self.cfg.batch_size, lambda: self.run.done)
+        return None if got is None else to_device(*got, self.device)
 
     def _learn(self) -> None:
         torch.set_num_threads(self.cfg.backend.learner_torch_threads or os.cpu_count())  # per thread
@@ -195,6 +182,8 @@ class PolyBeast:
                 sizes, seconds = zip(*batches) if batches else ((), ())
                 observed = dict(
                     learner_queue_size=self.rollouts.qsize(),
+                    gather_ms=round(1000 * self.rollouts.assembly_s, 3),
+                    server_us_per_step=_round(self.pool.take_step_stats()),
                     inference_batch_size=round(statistics.fmean(sizes), 2) if sizes else "",
                     inference_ms=round(1000 * statistics.fmean(seconds), 3) if seconds else "",
                     connected_clients=self.pool.connected,
@@ -267,6 +256,10 @@ class PolyBeast:
         server.stop(grace=1.0).wait()
         if clients is not None:
             clients.stop()
+
+
+def _round(value: float | None):
+    return "" if value is None else round(value, 2)
 
 
 def write_address_file(path, host: str, port: int) -> None:

@@ -17,6 +17,7 @@ import itertools
 import logging
 import threading
 import time
+import warnings
 from concurrent import futures
 
 import grpc
@@ -33,6 +34,10 @@ from .rollouts import Emit, RolloutBuilder
 log = logging.getLogger(__name__)
 
 POLICY_INPUTS = ("frame", "reward", "done", "last_action")
+# Decoded steps are read-only views of the received bytes; torch warns that such tensors must not
+# be written to, and nothing here writes to them.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
+                        module=__name__)
 # Streams beyond max_clients that gRPC still hands to us, so we can refuse them with a reason.
 REFUSAL_HEADROOM = 8
 
@@ -124,11 +129,12 @@ class ActorPool:
                 log.warning("Refused client %s: %s", peer, refused.details)
             context.abort(refused.code, refused.details)
         except grpc.RpcError:  # the stream was cancelled: by the client, or by us for silence
+            pass
+        finally:
+            self._close(stream)
             if stream.dropped:
                 log.warning("Dropped client %s: no message for %g s (backend.client_idle_timeout_s).",
                             peer, self.client_idle_timeout_s)
-        finally:
-            self._close(stream)
             if session is not None:
                 partial = session.close()
                 with self._lock:

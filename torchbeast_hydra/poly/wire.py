@@ -105,12 +105,17 @@ def encode_array(array: np.ndarray, message=None):
 
 
 def decode_array(message, name: str, dtype: str, shape: tuple) -> np.ndarray:
-    """The array in message, which must have exactly this dtype and shape (a writable copy)."""
+    """The array in message, which must have exactly this dtype and shape.
+
+    A read-only view of the message's bytes, not a copy: every frame is copied into the unrolls
+    anyway, and a copy per step is what a fast server cannot afford.
+    """
     if message.dtype != dtype or tuple(message.shape) != tuple(shape):
         raise WireError(f"{name}: expected {dtype} {list(shape)}, got {message.dtype or '?'} {list(message.shape)}")
-    if len(message.data) != math.prod(shape) * np.dtype(dtype).itemsize:
-        raise WireError(f"{name}: {len(message.data)} bytes do not make a {dtype} array of shape {list(shape)}")
-    return np.frombuffer(message.data, dtype=dtype).reshape(shape).copy()
+    data = message.data
+    if len(data) != math.prod(shape) * np.dtype(dtype).itemsize:
+        raise WireError(f"{name}: {len(data)} bytes do not make a {dtype} array of shape {list(shape)}")
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 def parse(message_class, raw: bytes):
@@ -122,8 +127,9 @@ def parse(message_class, raw: bytes):
     return message
 
 
-def encode_step(outputs: dict) -> bytes:
-    message = ClientMessage()
+def encode_step(outputs: dict, message=None) -> bytes:
+    """outputs as a serialized ClientMessage; pass the same message each step to reuse its memory."""
+    message = ClientMessage() if message is None else message
     for key in STEP_KEYS:
         encode_array(outputs[key], getattr(message.step, key))
     return message.SerializeToString()
@@ -153,7 +159,7 @@ def _bad_rows(frame: np.ndarray) -> np.ndarray:
 
 
 def decode_actions(message, num_envs: int, num_actions: int) -> np.ndarray:
-    actions = decode_array(message, "actions", "int64", (num_envs,))
+    actions = decode_array(message, "actions", "int64", (num_envs,)).copy()
     if ((actions < 0) | (actions >= num_actions)).any():
         raise WireError(f"actions {actions.tolist()} outside the action space [0, {num_actions})")
     return actions
