@@ -209,7 +209,8 @@ class NullLearner:
                                         args.batch_timeout_ms / 1000, producers=lambda: self.pool.connected,
                                         setup=lambda: torch.set_num_threads(1), name="inference")
         self.pool = ActorPool(maker.spec, "FixedFrames", self.inference, lambda n: (), self._enqueue, self.token,
-                              args.unroll_length, True, max(args.envs), seed=0, max_clients=max(args.clients))
+                              args.unroll_length, True, max(args.envs), seed=0, max_clients=max(args.clients),
+                              chunk_size=args.batch_size)
         self.max_bytes = wire.max_message_bytes(maker.spec.obs_shape, maker.spec.obs_dtype, max(args.envs))
         self.server, port = make_server(self.pool, "127.0.0.1:0", self.max_bytes)
         self.address = f"127.0.0.1:{port}"

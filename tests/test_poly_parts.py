@@ -195,12 +195,12 @@ SPEC = EnvSpec(obs_shape=(1,), obs_dtype=np.dtype("float32"), num_actions=2)
 class Steps:
     """Drives a RolloutBuilder like a session: env k's frame at its step t is 100*k + t."""
 
-    def __init__(self, num_envs=2, unroll_length=3, cut_at_reset=True, state_size=0):
+    def __init__(self, num_envs=2, unroll_length=3, cut_at_reset=True, state_size=0, chunk_size=1):
         self.emitted = []
         self.n = num_envs
         initial = (torch.zeros(num_envs, state_size),) if state_size else ()
         self.builder = RolloutBuilder(rollout_specs(SPEC), num_envs, unroll_length, initial, cut_at_reset,
-                                      self.receive)
+                                      self.receive, chunk_size)
         self.chunks = []
         self.t = 0
 
@@ -237,6 +237,21 @@ def test_full_unrolls_follow_the_layout_and_overlap_by_one_row():
     assert first["mask"].all()
     assert second["frame"][:, 0].tolist() == [3, 4, 5, 6]
     assert second["action"].tolist() == [0, 1, 0, 1]
+
+
+def test_envs_that_finish_together_leave_in_chunks_of_at_most_chunk_size():
+    steps = Steps(num_envs=3, unroll_length=2, state_size=1, chunk_size=2)
+    for t in range(3):
+        steps.step(state=(torch.tensor([[0.0], [1.0], [2.0]]),))
+    assert [c["mask"].shape for c, _ in steps.chunks] == [(3, 2), (3, 1)]
+    (first, (first_state,)), (second, (second_state,)) = steps.chunks
+    assert first["frame"][:, :, 0].tolist() == [[0, 100], [1, 101], [2, 102]]
+    assert second["frame"][:, 0, 0].tolist() == [200, 201, 202]
+    assert first_state.tolist() == [[0.0], [0.0]] and second_state.tolist() == [[0.0]]  # initial states
+    # A chunk holds copies: the builder's next unrolls do not change it.
+    for _ in range(2):
+        steps.step()
+    assert first["frame"][:, :, 0].tolist() == [[0, 100], [1, 101], [2, 102]]
 
 
 def test_a_reset_cuts_a_partial_rollout_and_the_next_starts_from_it():

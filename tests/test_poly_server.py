@@ -33,7 +33,7 @@ def served():
     emitted = []
     pool = ActorPool(SPEC, "Test-v0", inference, lambda n: (), lambda rollout, state: emitted.append(rollout),
                      TOKEN, unroll_length=5, cut_at_reset=True, max_envs_per_client=4, seed=1,
-                     max_clients=2, client_idle_timeout_s=0.5)
+                     max_clients=2, client_idle_timeout_s=0.5, chunk_size=2)
     server, port = make_server(pool, "127.0.0.1:0", 1 << 20)
     server.start()
     yield pool, port, emitted

@@ -131,7 +131,8 @@ class PolyBeast:
         self.pool = ActorPool(
             run.spec, cfg.env.id, self.inference, self._initial_state, self._enqueue, self.token,
             cfg.unroll_length, backend.cut_at_reset, backend.max_envs_per_client, cfg.seed,
-            max_clients=backend.max_clients, client_idle_timeout_s=backend.client_idle_timeout_s)
+            max_clients=backend.max_clients, client_idle_timeout_s=backend.client_idle_timeout_s,
+            chunk_size=cfg.batch_size)
         self.max_message_bytes = wire.max_message_bytes(run.spec.obs_shape, run.spec.obs_dtype,
                                                         backend.max_envs_per_client)
         self._errors = []

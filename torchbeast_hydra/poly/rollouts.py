@@ -6,9 +6,11 @@ row 0 repeats the previous unroll's last row. An unroll is handed on when it has
 its env resets (with cut_at_reset) or when the client leaves; the last two are partial rollouts,
 padded to T steps and masked.
 
-Envs that finish together (a client's envs step in lockstep, so most do) are handed on as one
-chunk [T+1, k, ...], cut from the client's rows in one copy; the learner takes its batches as
-column slices of the chunks, so a batch inside one chunk costs no copy at all.
+Envs that finish together (a client's envs step in lockstep, so most do) are handed on in
+chunks [T+1, k, ...] of up to chunk_size envs (the learner's batch size), each cut from the
+client's rows in one copy; the learner takes its batches as column slices of the chunks, so a
+batch that is one chunk costs no further copy. (Chunks no larger than a batch also keep each
+allocation small enough for the C allocator to reuse freed memory rather than map fresh pages.)
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ Emit = Callable[[dict, tuple], None]
 
 class RolloutBuilder:
     def __init__(self, specs: dict, num_envs: int, unroll_length: int, initial_state: tuple,
-                 cut_at_reset: bool, emit: Emit):
+                 cut_at_reset: bool, emit: Emit, chunk_size: int = 1):
         """specs: rollout_specs(); initial_state: each env's core state, tensors [num_envs, ...]."""
+        self.chunk_size = chunk_size
         self.unroll_length = unroll_length
         self.cut_at_reset = cut_at_reset
         self.emit = emit
@@ -85,15 +88,16 @@ class RolloutBuilder:
         return len(unfinished)
 
     def _emit(self, envs: np.ndarray) -> None:
-        if len(envs) == len(self.envs):
-            rollouts = {key: torch.from_numpy(rows.copy()) for key, rows in self.rows.items()}
-            state = tuple(s.clone() for s in self.start_state)
-        else:
-            rollouts = {key: torch.from_numpy(rows[:, envs]) for key, rows in self.rows.items()}
-            index = torch.from_numpy(envs)
-            state = tuple(s[index] for s in self.start_state)
+        for first in range(0, len(envs), self.chunk_size):
+            self._emit_chunk(envs[first:first + self.chunk_size])
+
+    def _emit_chunk(self, envs: np.ndarray) -> None:
+        a, b = int(envs[0]), int(envs[-1]) + 1
+        columns = slice(a, b) if b - a == len(envs) else envs  # a run of envs: a plain slice copies faster
+        rollouts = {key: torch.from_numpy(np.array(rows[:, columns])) for key, rows in self.rows.items()}
+        index = torch.from_numpy(envs)
         rollouts["mask"] = torch.from_numpy(self._times <= self.cursor[envs])
-        self.emit(rollouts, state)
+        self.emit(rollouts, tuple(s[index] for s in self.start_state))
 
     def _restart(self, envs: np.ndarray, core_state: tuple) -> None:
         t = self.cursor[envs]

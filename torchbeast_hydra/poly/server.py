@@ -56,7 +56,8 @@ class ActorPool:
     def __init__(self, spec: EnvSpec, env_id: str, inference: DynamicBatcher, initial_state,
                  emit: Emit, token: str, unroll_length: int, cut_at_reset: bool,
                  max_envs_per_client: int, seed: int, max_clients: int = 64,
-                 client_idle_timeout_s: float = 60.0):
+                 client_idle_timeout_s: float = 60.0, chunk_size: int = 1):
+        """chunk_size: rollouts handed on together at most (the learner's batch size)."""
         self.spec = spec
         self.env_id = env_id
         self.inference = inference
@@ -68,6 +69,7 @@ class ActorPool:
         self.max_envs_per_client = max_envs_per_client
         self.seed = seed
         self.max_clients = max_clients
+        self.chunk_size = chunk_size
         self.client_idle_timeout_s = client_idle_timeout_s
         self.stopping = threading.Event()
         self.finished = False  # on stopping: clients exit (True) or reconnect to a restarted learner
@@ -271,7 +273,7 @@ class Session:
         self.inference_s = 0.0  # the last step's wait for central inference
         self.core_state = pool.initial_state(num_envs)
         self.builder = RolloutBuilder(rollout_specs(pool.spec), num_envs, pool.unroll_length,
-                                      self.core_state, pool.cut_at_reset, pool.emit)
+                                      self.core_state, pool.cut_at_reset, pool.emit, pool.chunk_size)
 
     def step(self, env_outputs: dict) -> np.ndarray:
         self.builder.add(env_outputs, self.core_state)
