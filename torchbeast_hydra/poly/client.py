@@ -79,7 +79,6 @@ class EnvClient:
         self.max_message_bytes = max_message_bytes
         self.make_envs = make_envs or GymnasiumEnvs(env_cfg)
         self.spec = self.make_envs.spec
-        self._message = wire.ClientMessage()  # reused: a fresh one per step costs more than the copy
         self.envs = None  # made at the first welcome, seeded by the server
         self.outputs = None
 
@@ -162,7 +161,7 @@ class EnvClient:
                 return
             else:
                 raise ConnectionError("the learner sent an empty message")
-            outgoing.put(wire.encode_step(self.outputs, self._message))
+            outgoing.put(wire.encode_step(self.outputs))
         raise ConnectionError("the learner closed the stream")
 
     def _hello(self) -> bytes:

@@ -127,9 +127,9 @@ def parse(message_class, raw: bytes):
     return message
 
 
-def encode_step(outputs: dict, message=None) -> bytes:
-    """outputs as a serialized ClientMessage; pass the same message each step to reuse its memory."""
-    message = ClientMessage() if message is None else message
+def encode_step(outputs: dict) -> bytes:
+    # A fresh message each step: reassigning a reused message's bytes fields grows its arena (slower).
+    message = ClientMessage()
     for key in STEP_KEYS:
         encode_array(outputs[key], getattr(message.step, key))
     return message.SerializeToString()
