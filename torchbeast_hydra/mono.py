@@ -252,11 +252,13 @@ class MonoBeast:
                     indices.append(self.pool.full.get(timeout=0.2))
                 except queue.Empty:
                     continue
+        started = time.perf_counter()
         idx = torch.tensor(indices)
         batch = {key: buffer[:, idx] for key, buffer in self.buffers.items()}
         core_state = tuple(buffer[:, idx] for buffer in self.state_buffers)
         self.pool.release(indices)
-        return to_device(batch, core_state, self.run.device)
+        batch, core_state = to_device(batch, core_state, self.run.device)
+        return batch, core_state, round(1000 * (time.perf_counter() - started), 3)
 
     def _learn(self) -> None:
         try:
@@ -264,8 +266,10 @@ class MonoBeast:
                 got = self._get_batch()
                 if got is None:
                     return
-                queues = dict(free_queue_size=len(self.pool.free), full_queue_size=self.pool.full.qsize())
-                self.run.update(*got, queues)
+                batch, core_state, gather_ms = got
+                queues = dict(free_queue_size=len(self.pool.free), full_queue_size=self.pool.full.qsize(),
+                              gather_ms=gather_ms)
+                self.run.update(batch, core_state, queues)
                 with self.run.lock:
                     self._sync_weights()
         except BaseException as error:  # surfaced by the main thread
