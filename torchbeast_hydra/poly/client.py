@@ -21,7 +21,8 @@ import grpc
 import numpy as np
 
 from ..config import ADDRESS_FILE_PREFIX, EnvConfig
-from ..envs import Environments, EnvSpec, probe_env
+from ..envs import EnvSpec
+from ..vector_envs import GymnasiumEnvs
 from . import wire
 
 log = logging.getLogger(__name__)
@@ -55,17 +56,6 @@ class EnvsMaker(Protocol):
     spec: EnvSpec
 
     def __call__(self, num_envs: int, seed: int): ...
-
-
-class GymnasiumEnvs:
-    """The default: envs.Environments, a few gymnasium envs stepped in lockstep."""
-
-    def __init__(self, env_cfg: EnvConfig):
-        self.env_cfg = env_cfg
-        self.spec = probe_env(env_cfg)
-
-    def __call__(self, num_envs: int, seed: int) -> Environments:
-        return Environments(self.env_cfg, num_envs, seed=seed, episodic_life=self.env_cfg.episodic_life)
 
 
 class EnvClient:

@@ -24,6 +24,7 @@ from ..config import ConfigError, PolyRole, split_address
 from ..envs import probe_env
 from ..models import make_model
 from ..training import StopOnSignals, TrainingRun, to_device
+from ..vector_envs import envs_maker
 from . import wire
 from .batcher import DynamicBatcher
 from .client import FINISHED, REFUSED, UNREACHABLE, client_main
@@ -56,8 +57,11 @@ class LocalClients:
     def __init__(self, cfg, address: str, token: str, max_message_bytes: int, ignore_sigint: bool):
         backend = cfg.backend
         self.ctx = mp.get_context("spawn")
-        self.args = (OmegaConf.to_object(cfg.env), address, token, backend.envs_per_actor,
-                     backend.connect_timeout_s, max_message_bytes, ignore_sigint)
+        env_cfg = OmegaConf.to_object(cfg.env)
+        threads = max(1, (os.cpu_count() or 1) // backend.num_actors)  # the native vector env's, per client
+        make_envs = envs_maker(env_cfg, threads) if backend.vector_env else None
+        self.args = (env_cfg, address, token, backend.envs_per_actor, backend.connect_timeout_s, max_message_bytes,
+                     ignore_sigint, make_envs)
         self.count = backend.num_actors
         self.max_restarts = backend.max_actor_restarts
         self.restarts = 0
