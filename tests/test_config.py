@@ -104,7 +104,7 @@ def test_default_buffers_hold_every_env_and_a_batch():
 
 
 def test_auto_actor_counts_are_sized_to_the_machine_and_explicit_ones_kept(monkeypatch):
-    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    monkeypatch.setattr("torchbeast_hydra.config.usable_cores", lambda: 16)
     mono, poly = compose_config(), compose_config(["backend=poly"])
     validate(mono)
     validate(poly)
@@ -113,7 +113,7 @@ def test_auto_actor_counts_are_sized_to_the_machine_and_explicit_ones_kept(monke
     explicit = compose_config(["backend.num_actors=3", "backend.envs_per_actor=2"])
     validate(explicit)
     assert (explicit.backend.num_actors, explicit.backend.envs_per_actor) == (3, 2)
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    monkeypatch.setattr("torchbeast_hydra.config.usable_cores", lambda: 2)
     small = compose_config()
     validate(small)
     assert (small.backend.num_actors, small.backend.envs_per_actor) == (4, 4)  # the 2-core figures' setting

@@ -233,11 +233,19 @@ def auto_actors(backend: str, cores: int) -> tuple[int, int]:
     return max(4, cores - 1), 4
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (a SLURM job's allocation, not the whole node)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def resolve_auto(cfg) -> None:
     """Replaces backend.num_actors / envs_per_actor left at 0 (auto) with auto_actors' sizes."""
     backend = cfg.backend
     if backend.num_actors == 0 or backend.envs_per_actor == 0:
-        actors, envs = auto_actors(backend.name, os.cpu_count() or 1)
+        actors, envs = auto_actors(backend.name, usable_cores())
         if backend.num_actors == 0:
             backend.num_actors = actors
         if backend.envs_per_actor == 0:

@@ -20,7 +20,7 @@ import torch
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
-from ..config import ConfigError, PolyRole, split_address
+from ..config import ConfigError, PolyRole, split_address, usable_cores
 from ..envs import probe_env
 from ..models import make_model
 from ..training import StopOnSignals, TrainingRun, to_device
@@ -58,7 +58,7 @@ class LocalClients:
         backend = cfg.backend
         self.ctx = mp.get_context("spawn")
         env_cfg = OmegaConf.to_object(cfg.env)
-        threads = max(1, (os.cpu_count() or 1) // backend.num_actors)  # the native vector env's, per client
+        threads = max(1, usable_cores() // backend.num_actors)  # the native vector env's, per client
         make_envs = envs_maker(env_cfg, threads) if backend.vector_env else None
         self.args = (env_cfg, address, token, backend.envs_per_actor, backend.connect_timeout_s, max_message_bytes,
                      ignore_sigint, make_envs)
