@@ -337,9 +337,10 @@ def measure_cli(maker, args, clients: int, envs: int) -> dict:
 def pipeline_mode(args) -> None:
     maker = FixedFrames(*OBS[args.obs])
     print(f"machine: {platform_line()}; load average {os.getloadavg()[0]:.1f} at the start")
+    shape = (f"B={args.batch_size}, T={args.unroll_length}, max_batch_size={args.max_batch_size}"
+             if args.learner == "none" else f"the learner's config: {' '.join(args.overrides) or 'defaults'}")
     print(f"pipeline: {args.obs} frames {list(maker.spec.obs_shape)} {maker.spec.obs_dtype}, "
-          f"learner={args.learner}, B={args.batch_size}, T={args.unroll_length}, "
-          f"max_batch_size={args.max_batch_size}, {args.warmup:g} s warm-up + {args.seconds:g} s")
+          f"learner={args.learner}, {shape}, {args.warmup:g} s warm-up + {args.seconds:g} s")
     extra = "  update us/step  queue" if args.learner == "cli" else ""
     print(f"{'clients':>7} {'envs/client':>11} {'env-steps/s':>12} {'wall us/step':>12} {'CPU us/step':>11} "
           f"{'of it learner process':>21} "
