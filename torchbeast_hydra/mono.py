@@ -174,6 +174,13 @@ def _act(envs, unroll_length, model, buffers, state_buffers, conn) -> None:
         conn.send_bytes(_encode(idx.tolist()))
 
 
+def gather(buffers: torch.Tensor, idx: torch.Tensor, pin: bool) -> torch.Tensor:
+    """buffers[:, idx] in one copy; into pinned memory when bound for a GPU, so that the copy to
+    the device needs no second staging copy and runs asynchronously (see training.to_device)."""
+    out = torch.empty((buffers.shape[0], len(idx), *buffers.shape[2:]), dtype=buffers.dtype, pin_memory=pin)
+    return torch.index_select(buffers, 1, idx, out=out)
+
+
 class MonoBeast:
     """Runs a TrainingRun with actor processes feeding learner threads."""
 
@@ -254,8 +261,9 @@ class MonoBeast:
                     continue
         started = time.perf_counter()
         idx = torch.tensor(indices)
-        batch = {key: buffer[:, idx] for key, buffer in self.buffers.items()}
-        core_state = tuple(buffer[:, idx] for buffer in self.state_buffers)
+        pin = self.run.device.type == "cuda"
+        batch = {key: gather(buffer, idx, pin) for key, buffer in self.buffers.items()}
+        core_state = tuple(gather(buffer, idx, pin) for buffer in self.state_buffers)
         self.pool.release(indices)
         batch, core_state = to_device(batch, core_state, self.run.device)
         return batch, core_state, round(1000 * (time.perf_counter() - started), 3)
