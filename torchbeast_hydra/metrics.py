@@ -38,7 +38,8 @@ CSV_FIELDS = [
     "learner_queue_size",  # poly: rollouts waiting, mean inference batch and time, clients connected
     "inference_batch_size",
     "inference_ms",
-    "server_us_per_step",  # poly: the server's own work per env step (decode, assembly; not inference)
+    "server_us_per_step",  # poly: wall time per env step in the server's hands, not in inference
+    # (decoding, unroll assembly, and waiting while the learner queue is full)
     "connected_clients",
 ]
 

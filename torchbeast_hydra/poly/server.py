@@ -96,8 +96,8 @@ class ActorPool:
         session = None
         stream = Stream(context)
         try:
-            self._open(stream)
             self._authenticate(context)
+            self._open(stream)
             hello = self._hello(stream.receive(requests))
             client_id = next(self._ids)
             session = Session(self, hello.num_envs)
