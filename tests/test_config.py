@@ -76,7 +76,7 @@ def test_wrong_types_fail_at_composition(override):
     (["backend=poly", "backend.role=env"], "needs the learner's address"),
     (["backend=poly", "backend.max_batch_size=0"], "max_batch_size"),
     (["backend=poly", "backend.envs_per_actor=300"], "max_envs_per_client"),
-    (["backend=poly", "backend.num_actors=0"], "num_actors"),
+    (["backend=poly", "backend.num_actors=-1"], "num_actors"),
 ])
 def test_out_of_range_values_fail_validation(overrides, message):
     cfg = compose_config(overrides)
@@ -99,8 +99,24 @@ def test_saved_configs_mask_the_token():
 
 def test_default_buffers_hold_every_env_and_a_batch():
     cfg = compose_config(["batch_size=32"])
-    assert num_buffers(cfg) == 32 + 4 * 2
-    validate(cfg)
+    validate(cfg)  # resolves the auto actor counts
+    assert num_buffers(cfg) == 32 + cfg.backend.num_actors * cfg.backend.envs_per_actor
+
+
+def test_auto_actor_counts_are_sized_to_the_machine_and_explicit_ones_kept(monkeypatch):
+    monkeypatch.setattr("torchbeast_hydra.config.usable_cores", lambda: 16)
+    mono, poly = compose_config(), compose_config(["backend=poly"])
+    validate(mono)
+    validate(poly)
+    assert (mono.backend.num_actors, mono.backend.envs_per_actor) == (15, 4)
+    assert (poly.backend.num_actors, poly.backend.envs_per_actor) == (4, 16)
+    explicit = compose_config(["backend.num_actors=3", "backend.envs_per_actor=2"])
+    validate(explicit)
+    assert (explicit.backend.num_actors, explicit.backend.envs_per_actor) == (3, 2)
+    monkeypatch.setattr("torchbeast_hydra.config.usable_cores", lambda: 2)
+    small = compose_config()
+    validate(small)
+    assert (small.backend.num_actors, small.backend.envs_per_actor) == (4, 4)  # the 2-core figures' setting
 
 
 def test_cli_reports_a_bad_key_in_one_clear_message(tmp_path):

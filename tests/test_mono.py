@@ -156,3 +156,13 @@ def test_test_mode_without_checkpoint_fails_clearly(tmp_path):
                      check=False)
     assert result.returncode == 2
     assert "no checkpoint" in result.stdout + result.stderr
+
+
+def test_gather_copies_the_chosen_buffers_in_time_major_order():
+    from torchbeast_hydra.mono import gather
+
+    buffers = torch.arange(3 * 5 * 2).view(3, 5, 2)
+    batch = gather(buffers, torch.tensor([4, 1]), pin=False)
+    assert torch.equal(batch, buffers[:, [4, 1]])
+    batch[0, 0, 0] = -1  # a copy: the shared buffer is free to be refilled
+    assert buffers[0, 4, 0] == 8

@@ -15,7 +15,7 @@ from torchbeast_hydra.envs import EnvSpec
 from torchbeast_hydra.learner import compute_losses, rollout_specs
 from torchbeast_hydra.poly import wire
 from torchbeast_hydra.poly.batcher import BatcherClosed, DynamicBatcher
-from torchbeast_hydra.poly.rollouts import RolloutBuilder, stack_rollouts
+from torchbeast_hydra.poly.rollouts import RolloutBuilder, RolloutQueue, stack_rollouts
 
 # -- wire ----------------------------------------------------------------------------------------
 
@@ -41,10 +41,9 @@ def test_descriptor_matches_the_proto_file(tmp_path):
 def test_array_round_trip_keeps_dtype_shape_and_values():
     array = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
     message = wire.Array.FromString(wire.encode_array(array).SerializeToString())
-    decoded = decode = wire.decode_array(message, "frame", "uint8", (2, 3, 4))
-    np.testing.assert_array_equal(decode, array)
-    decoded[0, 0, 0] = 99  # a writable copy, not a view of the message
-    assert message.data[0] == 0
+    decoded = wire.decode_array(message, "frame", "uint8", (2, 3, 4))
+    np.testing.assert_array_equal(decoded, array)
+    assert not decoded.flags.writeable  # a view of the received bytes, which nothing may change
 
 
 @pytest.mark.parametrize("dtype, shape, data, reason", [
@@ -85,6 +84,8 @@ def test_step_round_trip():
     (b"", "expected a step, got an empty message"),
     (wire.encode_step(env_outputs(last_action=3)), "outside the action space"),
     (wire.encode_step(env_outputs(reward=math.nan)), "must be finite"),
+    (wire.encode_step(dict(env_outputs(), frame=np.array([[0, 0, 0, 0], [0, math.inf, 0, 0]], np.float32))),
+     "frame has non-finite values \\(NaN/inf\\) for envs \\[1\\]"),
     (wire.encode_step(env_outputs(n=3)), "expected float32 \\[2, 4\\], got float32 \\[3, 4\\]"),
 ])
 def test_malformed_steps_are_rejected_with_the_reason(raw, reason):
@@ -194,13 +195,20 @@ SPEC = EnvSpec(obs_shape=(1,), obs_dtype=np.dtype("float32"), num_actions=2)
 class Steps:
     """Drives a RolloutBuilder like a session: env k's frame at its step t is 100*k + t."""
 
-    def __init__(self, num_envs=2, unroll_length=3, cut_at_reset=True, state_size=0):
+    def __init__(self, num_envs=2, unroll_length=3, cut_at_reset=True, state_size=0, chunk_size=1):
         self.emitted = []
         self.n = num_envs
         initial = (torch.zeros(num_envs, state_size),) if state_size else ()
         self.builder = RolloutBuilder(rollout_specs(SPEC), num_envs, unroll_length, initial, cut_at_reset,
-                                      lambda rollout, state: self.emitted.append((rollout, state)))
+                                      self.receive, chunk_size)
+        self.chunks = []
         self.t = 0
+
+    def receive(self, rollouts, state):
+        """A chunk [T+1, k, ...]: kept whole, and split into per-env rollouts [T+1, ...] in emitted."""
+        self.chunks.append((rollouts, state))
+        for i in range(rollouts["mask"].shape[1]):
+            self.emitted.append(({key: value[:, i] for key, value in rollouts.items()}, tuple(s[i] for s in state)))
 
     def step(self, episode_end=(), state=()):
         out = env_outputs(self.n)
@@ -229,6 +237,21 @@ def test_full_unrolls_follow_the_layout_and_overlap_by_one_row():
     assert first["mask"].all()
     assert second["frame"][:, 0].tolist() == [3, 4, 5, 6]
     assert second["action"].tolist() == [0, 1, 0, 1]
+
+
+def test_envs_that_finish_together_leave_in_chunks_of_at_most_chunk_size():
+    steps = Steps(num_envs=3, unroll_length=2, state_size=1, chunk_size=2)
+    for t in range(3):
+        steps.step(state=(torch.tensor([[0.0], [1.0], [2.0]]),))
+    assert [c["mask"].shape for c, _ in steps.chunks] == [(3, 2), (3, 1)]
+    (first, (first_state,)), (second, (second_state,)) = steps.chunks
+    assert first["frame"][:, :, 0].tolist() == [[0, 100], [1, 101], [2, 102]]
+    assert second["frame"][:, 0, 0].tolist() == [200, 201, 202]
+    assert first_state.tolist() == [[0.0], [0.0]] and second_state.tolist() == [[0.0]]  # initial states
+    # A chunk holds copies: the builder's next unrolls do not change it.
+    for _ in range(2):
+        steps.step()
+    assert first["frame"][:, :, 0].tolist() == [[0, 100], [1, 101], [2, 102]]
 
 
 def test_a_reset_cuts_a_partial_rollout_and_the_next_starts_from_it():
@@ -282,7 +305,7 @@ def test_partial_rollout_vtrace_target_matches_a_hand_computation():
         steps.step()
     steps.builder.flush()
     (rollout, _), = steps.emitted
-    batch, _ = stack_rollouts(steps.emitted)
+    batch, _ = stack_rollouts(steps.chunks)
     logits = batch["policy_logits"]
     values = torch.tensor([[1.0], [2.0], [4.0], [8.0], [16.0]])  # V(x_0..x_4); x_3, x_4 are padding
     outputs = dict(policy_logits=torch.cat([logits[1:], logits[:1]]), baseline=values)
@@ -293,3 +316,51 @@ def test_partial_rollout_vtrace_target_matches_a_hand_computation():
     expected = 0.5 * ((2.5 - 1.0) ** 2 + (3.0 - 2.0) ** 2)
     assert losses["baseline_loss"].item() == pytest.approx(expected)
     assert rollout["mask"].tolist() == [True, True, True, False, False]
+
+
+# -- the learner's rollout queue ------------------------------------------------------------------
+
+def chunk(first_env, k, T=2, state_size=3):
+    """k rollouts whose frames hold their env number; states [k, layers=1, state_size]."""
+    envs = torch.arange(first_env, first_env + k, dtype=torch.float32)
+    rollouts = dict(frame=envs.expand(T + 1, k).clone(), mask=torch.ones(T + 1, k, dtype=torch.bool))
+    return rollouts, (envs.view(k, 1, 1).expand(k, 1, state_size).clone(),)
+
+
+def test_the_queue_cuts_batches_across_chunks_in_order_with_their_states():
+    rollouts = RolloutQueue(capacity=100)
+    stopping = threading.Event()
+    for first, k in ((0, 3), (3, 2), (5, 4)):
+        rollouts.put(*chunk(first, k), stopping)
+    assert rollouts.qsize() == 9
+    sizes = []
+    for _ in range(3):
+        batch, (state,) = rollouts.get_batch(3, lambda: False)
+        sizes.append(batch["frame"][0].tolist())
+        assert state.shape == (1, 3, 3) and state[0, :, 0].tolist() == batch["frame"][0].tolist()
+    assert sizes == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    assert rollouts.qsize() == 0 and rollouts.get_batch(1, lambda: True) is None
+
+
+def test_a_batch_inside_one_chunk_is_a_view_without_a_copy():
+    rollouts = RolloutQueue(capacity=100)
+    data, state = chunk(0, 8)
+    rollouts.put(data, state, threading.Event())
+    batch, _ = rollouts.get_batch(4, lambda: False)
+    assert batch["frame"].data_ptr() == data["frame"].data_ptr()
+
+
+def test_put_waits_while_the_queue_is_full_and_not_once_stopping():
+    rollouts = RolloutQueue(capacity=2)
+    stopping = threading.Event()
+    rollouts.put(*chunk(0, 2), stopping)
+    second = threading.Thread(target=rollouts.put, args=(*chunk(2, 2), stopping))
+    second.start()
+    second.join(timeout=0.3)
+    assert second.is_alive() and rollouts.qsize() == 2  # back-pressure
+    rollouts.get_batch(1, lambda: False)
+    second.join(timeout=5)
+    assert not second.is_alive() and rollouts.qsize() == 3
+    stopping.set()
+    rollouts.put(*chunk(4, 2), stopping)  # returns at once, dropping the chunk: the run is over
+    assert rollouts.qsize() == 3

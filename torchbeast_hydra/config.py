@@ -8,6 +8,7 @@ types cannot express (ranges, and how values relate to each other).
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -97,8 +98,8 @@ class BackendConfig:
     """What both backends share: actor processes, each stepping a few envs together."""
 
     name: str = MISSING
-    num_actors: int = 4  # mono: acting processes; poly: env client processes
-    envs_per_actor: int = 4  # stepped together; evaluated as one batch (mono) or sent as one message (poly)
+    num_actors: int = 0  # mono: acting processes; poly: env client processes; 0: auto (resolve_auto)
+    envs_per_actor: int = 0  # stepped together; evaluated as one batch (mono) or sent as one message (poly); 0: auto
     learner_torch_threads: int = 0  # intra-op threads for the learner; 0: all cores
     max_actor_restarts: int = 10  # a run whose actors keep dying stops with an error
 
@@ -153,9 +154,13 @@ class PolyConfig(BackendConfig):
     learner_queue_size: int = 64  # finished rollouts waiting for the learner (bounds memory)
     cut_at_reset: bool = True  # an env reset ends its rollout early (a partial, masked rollout)
     max_clients: int = 64  # concurrent client streams the server accepts
+    client_idle_timeout_s: float = 60.0  # a stream the server waits on longer is dropped
     max_envs_per_client: int = 256  # sizes the message limit: larger steps are refused
     connect_timeout_s: float = 60.0  # clients wait this long for a learner that is not up (yet)
     inference_torch_threads: int = 1  # intra-op threads for central inference
+    # Atari ids: clients step their envs in ale-py's native AtariVectorEnv where it reproduces
+    # envs.Environments (see vector_envs.py); false: always the gymnasium envs.
+    vector_env: bool = True
 
 
 @dataclass
@@ -216,6 +221,40 @@ def to_plain_dict(cfg) -> dict:
     return plain
 
 
+def auto_actors(backend: str, cores: int) -> tuple[int, int]:
+    """(num_actors, envs_per_actor) sized to a machine with this many cores.
+
+    mono: an actor per core but one (the learner process's batching and Python need a core),
+    4 envs each, and never fewer than the 4 x 4 that the 2-core figures were taken with.
+    poly: a client per 4 cores (each steps its envs on cores // clients native threads, Atari),
+    with 4 envs per thread in each message: many envs per message keeps the server's per-message
+    cost small.
+    """
+    if backend == "poly":
+        clients = max(4, cores // 4)
+        return clients, max(4, 4 * (cores // clients))
+    return max(4, cores - 1), 4
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (a SLURM job's allocation, not the whole node)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def resolve_auto(cfg) -> None:
+    """Replaces backend.num_actors / envs_per_actor left at 0 (auto) with auto_actors' sizes."""
+    backend = cfg.backend
+    if backend.num_actors == 0 or backend.envs_per_actor == 0:
+        actors, envs = auto_actors(backend.name, usable_cores())
+        if backend.num_actors == 0:
+            backend.num_actors = actors
+        if backend.envs_per_actor == 0:
+            backend.envs_per_actor = envs
+
+
 def num_buffers(cfg) -> int:
     """Rollout buffers for mono: explicit, or enough for every env plus a batch in flight."""
     backend = cfg.backend
@@ -231,7 +270,12 @@ def _check(ok: bool, message: str) -> None:
 
 
 def validate(cfg) -> None:
-    """Checks that types cannot express; raises ConfigError naming the key and a fix."""
+    """Checks that types cannot express; raises ConfigError naming the key and a fix.
+
+    Auto sizes (0) are resolved first (resolve_auto), so the checks see what will run.
+    """
+    if cfg.backend.num_actors >= 0 and cfg.backend.envs_per_actor >= 0:
+        resolve_auto(cfg)
     _check(cfg.total_steps > 0, f"total_steps={cfg.total_steps} must be positive.")
     _check(cfg.batch_size >= 1, f"batch_size={cfg.batch_size} must be at least 1.")
     _check(cfg.unroll_length >= 1, f"unroll_length={cfg.unroll_length} must be at least 1.")
@@ -263,8 +307,8 @@ def validate(cfg) -> None:
     _check(cfg.backend.max_actor_restarts >= 0, "backend.max_actor_restarts must be >= 0.")
     _check(cfg.backend.learner_torch_threads >= 0, "backend.learner_torch_threads must be >= 0 (0: all cores).")
     _check(cfg.test.num_episodes >= 1, "test.num_episodes must be at least 1.")
-    _check(cfg.backend.num_actors >= 1, "backend.num_actors must be at least 1.")
-    _check(cfg.backend.envs_per_actor >= 1, "backend.envs_per_actor must be at least 1.")
+    _check(cfg.backend.num_actors >= 1, "backend.num_actors must be at least 1 (or 0: auto).")
+    _check(cfg.backend.envs_per_actor >= 1, "backend.envs_per_actor must be at least 1 (or 0: auto).")
     _validate_wandb(cfg.logger.wandb)
     if cfg.backend.name == "mono":
         _validate_mono(cfg)
@@ -323,6 +367,7 @@ def _validate_poly(cfg) -> None:
         _check(backend[key] >= 1, f"backend.{key} must be at least 1.")
     _check(backend.batch_timeout_ms >= 0, "backend.batch_timeout_ms must be >= 0.")
     _check(backend.connect_timeout_s > 0, "backend.connect_timeout_s must be positive.")
+    _check(backend.client_idle_timeout_s > 0, "backend.client_idle_timeout_s must be positive.")
     _check(backend.inference_torch_threads >= 1, "backend.inference_torch_threads must be at least 1.")
     _check(backend.max_envs_per_client >= 1, "backend.max_envs_per_client must be at least 1.")
     _check(

@@ -34,9 +34,12 @@ CSV_FIELDS = [
     "free_queue_size",  # mono: rollout buffers free and full
     "full_queue_size",
     "update_ms",  # the learner's time for this update
+    "gather_ms",  # the learner's time to assemble this batch from rollouts (copies, not waiting)
     "learner_queue_size",  # poly: rollouts waiting, mean inference batch and time, clients connected
     "inference_batch_size",
     "inference_ms",
+    "server_us_per_step",  # poly: wall time per env step in the server's hands, not in inference
+    # (decoding, unroll assembly, and waiting while the learner queue is full)
     "connected_clients",
 ]
 

@@ -116,8 +116,8 @@ class DynamicBatcher:
             sizes = [size for _, size, _ in batch]
             started = time.perf_counter()
             try:
-                inputs = {key: torch.cat([request[key] for request, _, _ in batch])
-                          for key in batch[0][0]}
+                inputs = batch[0][0] if len(batch) == 1 else {
+                    key: torch.cat([request[key] for request, _, _ in batch]) for key in batch[0][0]}
                 outputs = self.fn(inputs)
                 parts = {key: value.split(sizes) for key, value in outputs.items()}
             except Exception as error:  # answer every caller; the batcher keeps serving

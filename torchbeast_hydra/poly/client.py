@@ -15,12 +15,14 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 import numpy as np
 
 from ..config import ADDRESS_FILE_PREFIX, EnvConfig
-from ..envs import Environments, env_spec, make_env
+from ..envs import EnvSpec
+from ..vector_envs import GymnasiumEnvs
 from . import wire
 
 log = logging.getLogger(__name__)
@@ -47,18 +49,26 @@ def channel_options(max_message_bytes: int) -> list:
     ]
 
 
+class EnvsMaker(Protocol):
+    """Makes a client's envs: an object with initial() and step(actions) returning the outputs
+    [num_envs, ...] (envs.Environments' contract), and close()."""
+
+    spec: EnvSpec
+
+    def __call__(self, num_envs: int, seed: int): ...
+
+
 class EnvClient:
     def __init__(self, env_cfg: EnvConfig, address: str, token: str, num_envs: int,
-                 connect_timeout_s: float, max_message_bytes: int):
+                 connect_timeout_s: float, max_message_bytes: int, make_envs: EnvsMaker | None = None):
         self.env_cfg = env_cfg
         self.address = address
         self.token = token
         self.num_envs = num_envs
         self.connect_timeout_s = connect_timeout_s
         self.max_message_bytes = max_message_bytes
-        probe = make_env(env_cfg)
-        self.spec = env_spec(probe, env_cfg.id)
-        probe.close()
+        self.make_envs = make_envs or GymnasiumEnvs(env_cfg)
+        self.spec = self.make_envs.spec
         self.envs = None  # made at the first welcome, seeded by the server
         self.outputs = None
 
@@ -66,6 +76,7 @@ class EnvClient:
         """Serves the learner until it finishes; returns the process exit code."""
         deadline = time.monotonic() + self.connect_timeout_s
         backoff = 0.1
+        full_warned = False
         try:
             while True:
                 try:
@@ -76,6 +87,9 @@ class EnvClient:
                     log.error("The learner at %s refused this client: %s", self.address, refused)
                     return REFUSED
                 except ConnectionError as lost:
+                    if "RESOURCE_EXHAUSTED" in str(lost) and not full_warned:
+                        log.warning("The learner at %s is full (%s); retrying.", self.address, lost)
+                        full_warned = True
                     if self.outputs is not None:  # we were connected: wait afresh for the learner
                         deadline = max(deadline, time.monotonic() + self.connect_timeout_s)
                     if time.monotonic() > deadline:
@@ -127,8 +141,7 @@ class EnvClient:
             kind = message.WhichOneof("kind")
             if kind == "welcome":
                 if self.envs is None:
-                    self.envs = Environments(self.env_cfg, self.num_envs, seed=message.welcome.seed,
-                                             episodic_life=self.env_cfg.episodic_life)
+                    self.envs = self.make_envs(self.num_envs, message.welcome.seed)
                     self.outputs = self.envs.initial()
                 # After a reconnect the envs carry on where they were; the server starts fresh unrolls.
             elif kind == "actions":
@@ -153,11 +166,11 @@ class EnvClient:
 
 
 def client_main(env_cfg: EnvConfig, address: str, token: str, num_envs: int, connect_timeout_s: float,
-                max_message_bytes: int, ignore_sigint: bool) -> None:
+                max_message_bytes: int, ignore_sigint: bool, make_envs: EnvsMaker | None = None) -> None:
     """A client process's entry point (spawned by role=all or role=env)."""
     if ignore_sigint:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # SLURM signals the whole job; the parent handles it
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][client][%(levelname)s] - %(message)s")
-    client = EnvClient(env_cfg, address, token, num_envs, connect_timeout_s, max_message_bytes)
+    client = EnvClient(env_cfg, address, token, num_envs, connect_timeout_s, max_message_bytes, make_envs)
     sys.exit(client.run())

@@ -9,28 +9,27 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import secrets
 import socket
 import statistics
 import threading
 import time
-from concurrent import futures
 
 import grpc
 import torch
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
-from ..config import ConfigError, PolyRole, split_address
+from ..config import ConfigError, PolyRole, split_address, usable_cores
 from ..envs import probe_env
 from ..models import make_model
 from ..training import StopOnSignals, TrainingRun, to_device
+from ..vector_envs import envs_maker
 from . import wire
 from .batcher import DynamicBatcher
-from .client import FINISHED, REFUSED, UNREACHABLE, channel_options, client_main
-from .rollouts import stack_rollouts
-from .server import ActorPool
+from .client import FINISHED, REFUSED, UNREACHABLE, client_main
+from .rollouts import RolloutQueue
+from .server import ActorPool, make_server
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +57,11 @@ class LocalClients:
     def __init__(self, cfg, address: str, token: str, max_message_bytes: int, ignore_sigint: bool):
         backend = cfg.backend
         self.ctx = mp.get_context("spawn")
-        self.args = (OmegaConf.to_object(cfg.env), address, token, backend.envs_per_actor,
-                     backend.connect_timeout_s, max_message_bytes, ignore_sigint)
+        env_cfg = OmegaConf.to_object(cfg.env)
+        threads = max(1, usable_cores() // backend.num_actors)  # the native vector env's, per client
+        make_envs = envs_maker(env_cfg, threads) if backend.vector_env else None
+        self.args = (env_cfg, address, token, backend.envs_per_actor, backend.connect_timeout_s, max_message_bytes,
+                     ignore_sigint, make_envs)
         self.count = backend.num_actors
         self.max_restarts = backend.max_actor_restarts
         self.restarts = 0
@@ -126,13 +128,15 @@ class PolyBeast:
         self.model.eval()
         self.weights_lock = threading.Lock()
         self._sync_weights()
-        self.rollouts = queue.Queue(maxsize=backend.learner_queue_size)
+        self.rollouts = RolloutQueue(backend.learner_queue_size)
         self.inference = DynamicBatcher(self._infer, backend.max_batch_size, backend.batch_timeout_ms / 1000,
                                         producers=lambda: self.pool.connected, name="inference",
                                         setup=lambda: torch.set_num_threads(backend.inference_torch_threads))
         self.pool = ActorPool(
             run.spec, cfg.env.id, self.inference, self._initial_state, self._enqueue, self.token,
-            cfg.unroll_length, backend.cut_at_reset, backend.max_envs_per_client, cfg.seed)
+            cfg.unroll_length, backend.cut_at_reset, backend.max_envs_per_client, cfg.seed,
+            max_clients=backend.max_clients, client_idle_timeout_s=backend.client_idle_timeout_s,
+            chunk_size=cfg.batch_size)
         self.max_message_bytes = wire.max_message_bytes(run.spec.obs_shape, run.spec.obs_dtype,
                                                         backend.max_envs_per_client)
         self._errors = []
@@ -156,14 +160,9 @@ class PolyBeast:
             result[f"core_state_{i}"] = state.transpose(0, 1).cpu()
         return result
 
-    def _enqueue(self, rollout: dict, core_state: tuple) -> None:
-        """Hands a rollout to the learner; waits while its queue is full (back-pressure)."""
-        while not self.pool.stopping.is_set():
-            try:
-                self.rollouts.put((rollout, core_state), timeout=0.5)
-                return
-            except queue.Full:
-                continue
+    def _enqueue(self, rollouts: dict, core_state: tuple) -> None:
+        """Hands rollouts to the learner; waits while its queue is full (back-pressure)."""
+        self.rollouts.put(rollouts, core_state, self.pool.stopping)
 
     # -- learning ----------------------------------------------------------------------------
 
@@ -174,15 +173,8 @@ class PolyBeast:
                 target.copy_(source)
 
     def _get_batch(self):
-        items = []
-        while len(items) < self.cfg.batch_size:
-            if self.run.done:
-                return None
-            try:
-                items.append(self.rollouts.get(timeout=0.2))
-            except queue.Empty:
-                continue
-        return to_device(*stack_rollouts(items), self.device)
+        got = self.rollouts.get_batch(self.cfg.batch_size, lambda: self.run.done)
+        return None if got is None else to_device(*got, self.device)
 
     def _learn(self) -> None:
         torch.set_num_threads(self.cfg.backend.learner_torch_threads or os.cpu_count())  # per thread
@@ -195,6 +187,8 @@ class PolyBeast:
                 sizes, seconds = zip(*batches) if batches else ((), ())
                 observed = dict(
                     learner_queue_size=self.rollouts.qsize(),
+                    gather_ms=round(1000 * self.rollouts.assembly_s, 3),
+                    server_us_per_step=_round(self.pool.take_step_stats()),
                     inference_batch_size=round(statistics.fmean(sizes), 2) if sizes else "",
                     inference_ms=round(1000 * statistics.fmean(seconds), 3) if seconds else "",
                     connected_clients=self.pool.connected,
@@ -209,14 +203,8 @@ class PolyBeast:
 
     def _start_server(self) -> tuple[grpc.Server, int]:
         backend = self.cfg.backend
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=backend.max_clients + 2, thread_name_prefix="actorpool"),
-            handlers=[self.pool.handler()],
-            options=channel_options(self.max_message_bytes),
-            maximum_concurrent_rpcs=backend.max_clients,
-        )
         try:
-            port = server.add_insecure_port(backend.address)
+            server, port = make_server(self.pool, backend.address, self.max_message_bytes)
         except RuntimeError as error:
             raise ConfigError(f"cannot listen on backend.address={backend.address} ({error}); "
                               "is another learner using that port?") from None
@@ -273,6 +261,10 @@ class PolyBeast:
         server.stop(grace=1.0).wait()
         if clients is not None:
             clients.stop()
+
+
+def _round(value: float | None):
+    return "" if value is None else round(value, 2)
 
 
 def write_address_file(path, host: str, port: int) -> None:

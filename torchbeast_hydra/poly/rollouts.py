@@ -1,14 +1,23 @@
-"""Unroll assembly for one client's envs, on the server.
+"""Unroll assembly for one client's envs, on the server, and the queue that hands them to the learner.
 
 Rows follow the shared rollout layout (learner.py): row t+1 holds an env's response to the
 action chosen at row t, together with that action and the policy outputs that chose it, and
 row 0 repeats the previous unroll's last row. An unroll is handed on when it has T steps, when
 its env resets (with cut_at_reset) or when the client leaves; the last two are partial rollouts,
 padded to T steps and masked.
+
+Envs that finish together (a client's envs step in lockstep, so most do) are handed on in
+chunks [T+1, k, ...] of up to chunk_size envs (the learner's batch size), each cut from the
+client's rows in one copy; the learner takes its batches as column slices of the chunks, so a
+batch that is one chunk costs no further copy. (Chunks no larger than a batch also keep each
+allocation small enough for the C allocator to reuse freed memory rather than map fresh pages.)
 """
 
 from __future__ import annotations
 
+import collections
+import threading
+import time
 from typing import Callable
 
 import numpy as np
@@ -16,13 +25,15 @@ import torch
 
 from ..learner import AGENT_KEYS, ENV_KEYS
 
-Emit = Callable[[dict, tuple], None]  # (rollout [T+1, ...] tensors, core state before row 0)
+# (rollouts [T+1, k, ...] tensors, each env's core state before row 0 [k, ...])
+Emit = Callable[[dict, tuple], None]
 
 
 class RolloutBuilder:
     def __init__(self, specs: dict, num_envs: int, unroll_length: int, initial_state: tuple,
-                 cut_at_reset: bool, emit: Emit):
+                 cut_at_reset: bool, emit: Emit, chunk_size: int = 1):
         """specs: rollout_specs(); initial_state: each env's core state, tensors [num_envs, ...]."""
+        self.chunk_size = chunk_size
         self.unroll_length = unroll_length
         self.cut_at_reset = cut_at_reset
         self.emit = emit
@@ -35,6 +46,7 @@ class RolloutBuilder:
         # The policy outputs that chose the envs' current actions; they go into the next row.
         self.agent = {key: np.zeros_like(self.rows[key][0]) for key in AGENT_KEYS}
         self.start_state = tuple(s.clone() for s in initial_state)
+        self._times = np.arange(unroll_length + 1)[:, None]
 
     def add(self, env_outputs: dict, core_state: tuple) -> None:
         """Writes the envs' new outputs as a row; hands on the unrolls that end here.
@@ -43,16 +55,24 @@ class RolloutBuilder:
         """
         self.cursor += 1
         t = self.cursor
-        for key in ENV_KEYS:
-            self.rows[key][t, self.envs] = env_outputs[key]
-        for key in AGENT_KEYS:
-            self.rows[key][t, self.envs] = self.agent[key]
+        if (t == t[0]).all():  # envs in step (the common case): a basic slice, no gather
+            t0 = int(t[0])
+            for key in ENV_KEYS:
+                self.rows[key][t0] = env_outputs[key]
+            for key in AGENT_KEYS:
+                self.rows[key][t0] = self.agent[key]
+        else:
+            for key in ENV_KEYS:
+                self.rows[key][t, self.envs] = env_outputs[key]
+            for key in AGENT_KEYS:
+                self.rows[key][t, self.envs] = self.agent[key]
         full = t == self.unroll_length
         if self.cut_at_reset:
             full |= env_outputs["episode_end"] & (t > 0)
-        for i in np.flatnonzero(full):
-            self._emit(i)
-            self._restart(i, core_state)
+        ending = np.flatnonzero(full)
+        if len(ending):
+            self._emit(ending)
+            self._restart(ending, core_state)
 
     def set_agent_outputs(self, outputs: dict) -> None:
         """The policy's outputs for the row just added (numpy arrays [num_envs, ...])."""
@@ -62,33 +82,109 @@ class RolloutBuilder:
     def flush(self) -> int:
         """Hands on every env's unfinished unroll (the client is leaving); returns how many."""
         unfinished = np.flatnonzero(self.cursor >= 1)
-        for i in unfinished:
-            self._emit(i)
+        if len(unfinished):
+            self._emit(unfinished)
         self.cursor[:] = -1
         return len(unfinished)
 
-    def _emit(self, i: int) -> None:
-        t = int(self.cursor[i])
-        rollout = {key: torch.from_numpy(rows[:, i].copy()) for key, rows in self.rows.items()}
-        rollout["mask"] = torch.arange(self.unroll_length + 1) <= t
-        self.emit(rollout, tuple(s[i].clone() for s in self.start_state))
+    def _emit(self, envs: np.ndarray) -> None:
+        for first in range(0, len(envs), self.chunk_size):
+            self._emit_chunk(envs[first:first + self.chunk_size])
 
-    def _restart(self, i: int, core_state: tuple) -> None:
-        t = self.cursor[i]
+    def _emit_chunk(self, envs: np.ndarray) -> None:
+        a, b = int(envs[0]), int(envs[-1]) + 1
+        columns = slice(a, b) if b - a == len(envs) else envs  # a run of envs: a plain slice copies faster
+        rollouts = {key: torch.from_numpy(np.array(rows[:, columns])) for key, rows in self.rows.items()}
+        index = torch.from_numpy(envs)
+        rollouts["mask"] = torch.from_numpy(self._times <= self.cursor[envs])
+        self.emit(rollouts, tuple(s[index] for s in self.start_state))
+
+    def _restart(self, envs: np.ndarray, core_state: tuple) -> None:
+        t = self.cursor[envs]
         for rows in self.rows.values():
-            rows[0, i] = rows[t, i]
-        self.cursor[i] = 0
+            rows[0, envs] = rows[t, envs]
+        self.cursor[envs] = 0
+        index = torch.from_numpy(envs)
         for start, state in zip(self.start_state, core_state):
-            start[i] = state[i]
+            start[index] = state[index]
 
 
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
     return torch.empty(0, dtype=dtype).numpy().dtype
 
 
+def width(rollouts: dict) -> int:
+    return rollouts["mask"].shape[1]
+
+
+class RolloutQueue:
+    """Chunks of rollouts waiting for the learner, bounded in rollouts; hands out batches of B.
+
+    put() waits while `capacity` rollouts are waiting (back-pressure on the server's sessions);
+    a chunk always fits into an empty queue, so the bound is capacity plus one chunk.
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._chunks = collections.deque()  # [rollouts, state, first column not yet taken]
+        self._size = 0
+        self._changed = threading.Condition()
+        self.assembly_s = 0.0  # time the last get_batch spent cutting and joining
+
+    def qsize(self) -> int:
+        return self._size
+
+    def put(self, rollouts: dict, state: tuple, stopping: threading.Event) -> None:
+        """Queues a chunk; waits while the queue is full, unless stopping is set."""
+        with self._changed:
+            while self._size >= self.capacity and not stopping.is_set():
+                self._changed.wait(timeout=0.5)
+            if stopping.is_set():
+                return
+            self._chunks.append([rollouts, state, 0])
+            self._size += width(rollouts)
+            self._changed.notify_all()
+
+    def get_batch(self, batch_size: int, done: Callable[[], bool]):
+        """B rollouts as (batch [T+1, B, ...], core state [layers, B, ...]); None once done()."""
+        pieces = []
+        needed = batch_size
+        with self._changed:
+            while needed:
+                while not self._chunks:
+                    if done():
+                        return None
+                    self._changed.wait(timeout=0.2)
+                chunk = self._chunks[0]
+                rollouts, state, first = chunk
+                take = min(needed, width(rollouts) - first)
+                pieces.append((rollouts, state, first, first + take))
+                chunk[2] += take
+                if chunk[2] == width(rollouts):
+                    self._chunks.popleft()
+                self._size -= take
+                needed -= take
+            self._changed.notify_all()
+        started = time.perf_counter()
+        batch = _join([{key: value[:, a:b] for key, value in rollouts.items()} for rollouts, _, a, b in pieces], 1)
+        states = _join([tuple(s[a:b] for s in state) for _, state, a, b in pieces], 0)
+        result = batch, tuple(s.transpose(0, 1).contiguous() for s in states)
+        self.assembly_s = time.perf_counter() - started
+        return result
+
+
+def _join(parts: list, dim: int):
+    """Concatenates dicts or tuples of tensors along dim; a single part is returned as it is (views)."""
+    if len(parts) == 1:
+        return parts[0]
+    if isinstance(parts[0], dict):
+        return {key: torch.cat([part[key] for part in parts], dim=dim) for key in parts[0]}
+    return tuple(torch.cat(group, dim=dim) for group in zip(*parts))
+
+
 def stack_rollouts(items: list) -> tuple[dict, tuple]:
-    """B (rollout, state) pairs -> a batch [T+1, B, ...] and core state [layers, B, ...]."""
+    """(rollouts [T+1, k, ...], state [k, ...]) chunks -> a batch [T+1, B, ...] and core state [layers, B, ...]."""
     rollouts, states = zip(*items)
-    batch = {key: torch.stack([r[key] for r in rollouts], dim=1) for key in rollouts[0]}
-    core_state = tuple(torch.stack(parts, dim=1) for parts in zip(*states))
-    return batch, core_state
+    batch = _join(list(rollouts), 1)
+    core_state = _join(list(states), 0)
+    return batch, tuple(s.transpose(0, 1).contiguous() for s in core_state)

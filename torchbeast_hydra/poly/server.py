@@ -4,7 +4,10 @@ Each client stream is one session: the server checks the client's token and env,
 every Step writes the rows of its unrolls (rollouts.py), evaluates the policy for its envs in
 the shared dynamic batch (batcher.py) and answers with actions. LSTM state per env lives here.
 A malformed message ends that client's stream with INVALID_ARGUMENT; the server and the other
-clients carry on. Unrolls a leaving client had started are handed on as partial rollouts.
+clients carry on. A client silent for longer than client_idle_timeout_s (while the server waits
+for it) is dropped, so silent streams cannot hold every slot; past max_clients streams, new ones
+are refused with a message naming the setting. Unrolls a leaving client had started are handed
+on as partial rollouts.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ import hmac
 import itertools
 import logging
 import threading
+import time
+import warnings
+from concurrent import futures
 
 import grpc
 import numpy as np
@@ -22,11 +28,18 @@ from ..envs import EnvSpec
 from ..learner import rollout_specs
 from . import wire
 from .batcher import BatcherClosed, DynamicBatcher
+from .client import channel_options
 from .rollouts import Emit, RolloutBuilder
 
 log = logging.getLogger(__name__)
 
 POLICY_INPUTS = ("frame", "reward", "done", "last_action")
+# Decoded steps are read-only views of the received bytes; torch warns that such tensors must not
+# be written to, and nothing here writes to them.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
+                        module=__name__)
+# Streams beyond max_clients that gRPC still hands to us, so we can refuse them with a reason.
+REFUSAL_HEADROOM = 8
 
 
 class Refused(Exception):
@@ -42,7 +55,9 @@ class ActorPool:
 
     def __init__(self, spec: EnvSpec, env_id: str, inference: DynamicBatcher, initial_state,
                  emit: Emit, token: str, unroll_length: int, cut_at_reset: bool,
-                 max_envs_per_client: int, seed: int):
+                 max_envs_per_client: int, seed: int, max_clients: int = 64,
+                 client_idle_timeout_s: float = 60.0, chunk_size: int = 1):
+        """chunk_size: rollouts handed on together at most (the learner's batch size)."""
         self.spec = spec
         self.env_id = env_id
         self.inference = inference
@@ -53,12 +68,21 @@ class ActorPool:
         self.cut_at_reset = cut_at_reset
         self.max_envs_per_client = max_envs_per_client
         self.seed = seed
+        self.max_clients = max_clients
+        self.chunk_size = chunk_size
+        self.client_idle_timeout_s = client_idle_timeout_s
         self.stopping = threading.Event()
         self.finished = False  # on stopping: clients exit (True) or reconnect to a restarted learner
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self.connected = 0
         self.rejected = 0  # streams ended for a bad token, env or message
+        self.dropped = 0  # streams ended for silence
+        self._streams = set()  # every open stream, hello or not: they hold the slots
+        self._step_seconds = 0.0  # in our hands per step (decode, assembly, encode), not in inference
+        self._step_envs = 0
+        self._watchdog = threading.Thread(target=self._drop_idle_streams, name="actorpool-watchdog", daemon=True)
+        self._watchdog.start()
 
     def handler(self) -> grpc.GenericRpcHandler:
         # Requests arrive as bytes and are parsed here, so garbage gets our status and message.
@@ -70,9 +94,11 @@ class ActorPool:
     def connect(self, requests, context):
         peer = context.peer()
         session = None
+        stream = Stream(context)
         try:
             self._authenticate(context)
-            hello = self._hello(next(requests, None))
+            self._open(stream)
+            hello = self._hello(stream.receive(requests))
             client_id = next(self._ids)
             session = Session(self, hello.num_envs)
             with self._lock:
@@ -80,15 +106,17 @@ class ActorPool:
             log.info("Client %d connected from %s with %d envs.", client_id, peer, hello.num_envs)
             seed = self.seed * 1_000_003 + client_id * self.max_envs_per_client
             yield wire.ServerMessage(welcome=wire.Welcome(client_id=client_id, seed=seed))
-            for raw in requests:
+            while (raw := stream.receive(requests)) is not None:
                 if self.stopping.is_set():
                     break
+                started = time.perf_counter()
                 try:
                     actions = session.step(self._step(raw, hello.num_envs))
                 except BatcherClosed:
                     break
                 message = wire.ServerMessage()
                 wire.encode_array(actions, message.actions)
+                self._count_step(time.perf_counter() - started - session.inference_s, hello.num_envs)
                 yield message
             else:
                 return  # the client closed its stream
@@ -102,7 +130,13 @@ class ActorPool:
                     self.rejected += 1
                 log.warning("Refused client %s: %s", peer, refused.details)
             context.abort(refused.code, refused.details)
+        except grpc.RpcError:  # the stream was cancelled: by the client, or by us for silence
+            pass
         finally:
+            self._close(stream)
+            if stream.dropped:
+                log.warning("Dropped client %s: no message for %g s (backend.client_idle_timeout_s).",
+                            peer, self.client_idle_timeout_s)
             if session is not None:
                 partial = session.close()
                 with self._lock:
@@ -110,6 +144,45 @@ class ActorPool:
                 if not self.stopping.is_set():
                     log.info("Client %d left; its %d unfinished unrolls go to the learner as partial rollouts.",
                              client_id, partial)
+
+    def _count_step(self, seconds: float, num_envs: int) -> None:
+        with self._lock:
+            self._step_seconds += seconds
+            self._step_envs += num_envs
+
+    def take_step_stats(self) -> float | None:
+        """Microseconds of server work per env step since the last call (None without steps)."""
+        with self._lock:
+            seconds, envs = self._step_seconds, self._step_envs
+            self._step_seconds, self._step_envs = 0.0, 0
+        return 1e6 * seconds / envs if envs else None
+
+    def _open(self, stream: "Stream") -> None:
+        with self._lock:
+            full = len(self._streams) >= self.max_clients
+            if not full:
+                self._streams.add(stream)
+        if full:
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"the learner already serves backend.max_clients={self.max_clients} client streams: "
+                          "raise backend.max_clients on the learner (silent clients are dropped after "
+                          f"backend.client_idle_timeout_s={self.client_idle_timeout_s:g} s)")
+
+    def _close(self, stream: "Stream") -> None:
+        with self._lock:
+            self._streams.discard(stream)
+
+    def _drop_idle_streams(self) -> None:
+        """Cancels streams that have kept the server waiting too long; their handlers then end."""
+        interval = min(1.0, self.client_idle_timeout_s / 4)
+        while not self.stopping.wait(interval):
+            now = time.monotonic()
+            with self._lock:
+                idle = [s for s in self._streams if now - s.waiting_since > self.client_idle_timeout_s]
+            for stream in idle:
+                with self._lock:
+                    self.dropped += 1
+                stream.drop()
 
     def stop(self, finished: bool) -> None:
         """Ends every stream at its next step: clients exit when finished, else they reconnect."""
@@ -154,20 +227,61 @@ class ActorPool:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed step: {error}") from None
 
 
+class Stream:
+    """One client stream, and since when the server has been waiting for its next message."""
+
+    def __init__(self, context):
+        self.context = context
+        self.waiting_since = time.monotonic()  # the hello is awaited from the start
+        self.dropped = False
+
+    def receive(self, requests) -> bytes | None:
+        """The next message, or None when the client closed the stream."""
+        self.waiting_since = time.monotonic()
+        try:
+            return next(requests, None)
+        finally:
+            self.waiting_since = float("inf")  # busy on our side: not the client's silence
+
+    def drop(self) -> None:
+        self.dropped = True
+        self.context.cancel()
+
+
+def make_server(pool: ActorPool, address: str, max_message_bytes: int) -> tuple[grpc.Server, int]:
+    """A gRPC server for the pool on address (HOST:PORT, port 0 for any); returns it unstarted, and its port.
+
+    gRPC itself turns away streams beyond pool.max_clients + REFUSAL_HEADROOM with a terse
+    RESOURCE_EXHAUSTED; up to there the pool refuses them with a message that names the setting.
+    """
+    limit = pool.max_clients + REFUSAL_HEADROOM
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=limit + 2, thread_name_prefix="actorpool"),
+        handlers=[pool.handler()],
+        options=channel_options(max_message_bytes),
+        maximum_concurrent_rpcs=limit,
+    )
+    port = server.add_insecure_port(address)
+    return server, port
+
+
 class Session:
     """One client's envs: their unrolls, their LSTM state, and acting for them."""
 
     def __init__(self, pool: ActorPool, num_envs: int):
         self.inference = pool.inference
+        self.inference_s = 0.0  # the last step's wait for central inference
         self.core_state = pool.initial_state(num_envs)
         self.builder = RolloutBuilder(rollout_specs(pool.spec), num_envs, pool.unroll_length,
-                                      self.core_state, pool.cut_at_reset, pool.emit)
+                                      self.core_state, pool.cut_at_reset, pool.emit, pool.chunk_size)
 
     def step(self, env_outputs: dict) -> np.ndarray:
         self.builder.add(env_outputs, self.core_state)
         inputs = {key: torch.from_numpy(env_outputs[key]) for key in POLICY_INPUTS}
         inputs.update({f"core_state_{i}": s for i, s in enumerate(self.core_state)})
+        started = time.perf_counter()
         outputs = self.inference(inputs)
+        self.inference_s = time.perf_counter() - started
         self.core_state = tuple(outputs[f"core_state_{i}"] for i in range(len(self.core_state)))
         self.builder.set_agent_outputs({key: value.numpy() for key, value in outputs.items()})
         return outputs["action"].numpy()

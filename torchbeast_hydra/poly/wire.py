@@ -105,12 +105,17 @@ def encode_array(array: np.ndarray, message=None):
 
 
 def decode_array(message, name: str, dtype: str, shape: tuple) -> np.ndarray:
-    """The array in message, which must have exactly this dtype and shape (a writable copy)."""
+    """The array in message, which must have exactly this dtype and shape.
+
+    A read-only view of the message's bytes, not a copy: every frame is copied into the unrolls
+    anyway, and a copy per step is what a fast server cannot afford.
+    """
     if message.dtype != dtype or tuple(message.shape) != tuple(shape):
         raise WireError(f"{name}: expected {dtype} {list(shape)}, got {message.dtype or '?'} {list(message.shape)}")
-    if len(message.data) != math.prod(shape) * np.dtype(dtype).itemsize:
-        raise WireError(f"{name}: {len(message.data)} bytes do not make a {dtype} array of shape {list(shape)}")
-    return np.frombuffer(message.data, dtype=dtype).reshape(shape).copy()
+    data = message.data
+    if len(data) != math.prod(shape) * np.dtype(dtype).itemsize:
+        raise WireError(f"{name}: {len(data)} bytes do not make a {dtype} array of shape {list(shape)}")
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 def parse(message_class, raw: bytes):
@@ -123,6 +128,7 @@ def parse(message_class, raw: bytes):
 
 
 def encode_step(outputs: dict) -> bytes:
+    # A fresh message each step: reassigning a reused message's bytes fields grows its arena (slower).
     message = ClientMessage()
     for key in STEP_KEYS:
         encode_array(outputs[key], getattr(message.step, key))
@@ -142,11 +148,18 @@ def decode_step(message, num_envs: int, obs_shape: tuple, obs_dtype: str, num_ac
         raise WireError(f"last_action {last_action.tolist()} outside the action space [0, {num_actions})")
     if not (np.isfinite(arrays["reward"]).all() and np.isfinite(arrays["episode_return"]).all()):
         raise WireError("reward and episode_return must be finite")
+    frame = arrays["frame"]
+    if frame.dtype.kind in "fc" and not np.isfinite(frame).all():
+        raise WireError(f"frame has non-finite values (NaN/inf) for envs {_bad_rows(frame).tolist()}")
     return arrays
 
 
+def _bad_rows(frame: np.ndarray) -> np.ndarray:
+    return np.flatnonzero(~np.isfinite(frame.reshape(len(frame), -1)).all(axis=1))
+
+
 def decode_actions(message, num_envs: int, num_actions: int) -> np.ndarray:
-    actions = decode_array(message, "actions", "int64", (num_envs,))
+    actions = decode_array(message, "actions", "int64", (num_envs,)).copy()
     if ((actions < 0) | (actions >= num_actions)).any():
         raise WireError(f"actions {actions.tolist()} outside the action space [0, {num_actions})")
     return actions

@@ -1,0 +1,152 @@
+"""The ActorPool server in-process, with raw client streams: it stays hard against clients that
+send non-finite frames, go silent, or come when it is full."""
+
+import logging
+import queue
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from torchbeast_hydra.envs import EnvSpec
+from torchbeast_hydra.poly import wire
+from torchbeast_hydra.poly.batcher import DynamicBatcher
+from torchbeast_hydra.poly.server import ActorPool, make_server
+
+TOKEN = "server-token"
+SPEC = EnvSpec((3,), np.dtype(np.float32), 2)
+
+
+def trivial_policy(inputs: dict) -> dict:
+    n = inputs["frame"].shape[0]
+    return dict(action=torch.zeros(n, dtype=torch.int64), policy_logits=torch.zeros(n, SPEC.num_actions),
+                baseline=torch.zeros(n))
+
+
+@pytest.fixture
+def served():
+    """(pool, port, emitted rollouts) for a pool with max_clients=2 and a 0.5 s idle limit."""
+    inference = DynamicBatcher(trivial_policy, max_batch_size=64, timeout_s=0.001)
+    emitted = []
+    pool = ActorPool(SPEC, "Test-v0", inference, lambda n: (), lambda rollout, state: emitted.append(rollout),
+                     TOKEN, unroll_length=5, cut_at_reset=True, max_envs_per_client=4, seed=1,
+                     max_clients=2, client_idle_timeout_s=0.5, chunk_size=2)
+    server, port = make_server(pool, "127.0.0.1:0", 1 << 20)
+    server.start()
+    yield pool, port, emitted
+    pool.stop(finished=True)
+    inference.close()
+    server.stop(grace=None).wait()
+
+
+def hello(num_envs=2):
+    message = wire.ClientMessage()
+    message.hello.env_id = "Test-v0"
+    message.hello.num_envs = num_envs
+    message.hello.obs_shape[:] = SPEC.obs_shape
+    message.hello.obs_dtype = "float32"
+    message.hello.num_actions = SPEC.num_actions
+    return message.SerializeToString()
+
+
+def step(num_envs=2, frame=0.0):
+    return wire.encode_step(dict(
+        frame=np.full((num_envs, *SPEC.obs_shape), frame, np.float32),
+        reward=np.zeros(num_envs, np.float32), done=np.zeros(num_envs, bool),
+        episode_return=np.zeros(num_envs, np.float32), episode_step=np.zeros(num_envs, np.int32),
+        last_action=np.zeros(num_envs, np.int64), episode_end=np.zeros(num_envs, bool)))
+
+
+class RawClient:
+    """A Connect stream whose messages the test sends one at a time (or never)."""
+
+    def __init__(self, port):
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.outgoing = queue.SimpleQueue()
+        connect = self.channel.stream_stream(wire.CONNECT, request_serializer=None,
+                                             response_deserializer=wire.ServerMessage.FromString)
+        self.responses = connect(iter(self.outgoing.get, None), metadata=((wire.TOKEN_METADATA_KEY, TOKEN),))
+
+    def send(self, raw: bytes) -> str:
+        """Sends a message; returns the kind of the answer."""
+        self.outgoing.put(raw)
+        return next(self.responses).WhichOneof("kind")
+
+    def error(self, timeout=10.0) -> grpc.RpcError:
+        """Waits for the stream to end with an error and returns it."""
+        result = {}
+
+        def wait():
+            try:
+                for _ in self.responses:
+                    pass
+            except grpc.RpcError as error:
+                result["error"] = error
+
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        thread.join(timeout)
+        assert "error" in result, "the stream did not end"
+        return result["error"]
+
+    def close(self):
+        self.outgoing.put(None)
+        self.responses.cancel()
+        self.channel.close()
+
+
+def test_non_finite_frames_are_refused_and_the_server_keeps_serving(served):
+    pool, port, _ = served
+    for bad in (np.nan, np.inf, -np.inf):
+        client = RawClient(port)
+        assert client.send(hello()) == "welcome"
+        client.outgoing.put(step(frame=bad))
+        error = client.error()
+        client.close()
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "frame has non-finite values (NaN/inf) for envs [0, 1]" in error.details()
+    good = RawClient(port)
+    assert good.send(hello()) == "welcome" and good.send(step(frame=1.5)) == "actions"
+    good.close()
+    assert pool.rejected == 3
+
+
+def test_silent_clients_are_dropped_so_new_ones_get_their_slots(served, caplog):
+    pool, port, emitted = served
+    caplog.set_level(logging.INFO, logger="torchbeast_hydra.poly.server")
+    silent = [RawClient(port), RawClient(port)]
+    for client in silent:  # hello and two steps, then silence
+        assert client.send(hello()) == "welcome"
+        assert client.send(step()) == "actions" and client.send(step()) == "actions"
+    # Both slots are taken: a third client is refused with the setting to raise.
+    third = RawClient(port)
+    third.outgoing.put(hello())
+    refused = third.error()
+    third.close()
+    assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "raise backend.max_clients" in refused.details()
+    # After the idle limit the silent streams are dropped; their unrolls go on as partial rollouts.
+    for client in silent:
+        assert client.error().code() == grpc.StatusCode.CANCELLED
+        client.close()
+    deadline = time.monotonic() + 10
+    while (pool.connected or len(emitted) < 2) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool.connected == 0 and pool.dropped == 2
+    # One chunk of two envs per client, each with two real steps after row 0.
+    assert [r["mask"].sum(0).tolist() for r in emitted] == [[2, 2], [2, 2]]
+    assert caplog.text.count("no message for 0.5 s (backend.client_idle_timeout_s)") == 2
+    newcomer = RawClient(port)
+    assert newcomer.send(hello()) == "welcome" and newcomer.send(step()) == "actions"
+    newcomer.close()
+
+
+def test_a_client_that_never_says_hello_is_dropped_too(served):
+    pool, port, _ = served
+    mute = RawClient(port)
+    error = mute.error()
+    mute.close()
+    assert error.code() == grpc.StatusCode.CANCELLED and pool.dropped == 1
