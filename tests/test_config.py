@@ -7,17 +7,26 @@ from torchbeast_hydra.config import ConfigError, ModelName, OptimName, PolyRole,
 from conftest import compose_config, run_cli
 
 
-def test_defaults_follow_monobeast():
+def test_defaults_are_the_ones_that_learn_pong():
+    # docs/defaults.md says why each differs from TorchBeast MonoBeast's.
     cfg = compose_config()
     validate(cfg)
     assert cfg.env.id == "ALE/Pong-v5"
     assert cfg.model.name is ModelName.atari_net and not cfg.model.use_lstm
-    assert (cfg.backend.name, cfg.backend.num_actors, cfg.batch_size, cfg.unroll_length) == ("mono", 4, 8, 80)
+    assert (cfg.backend.name, cfg.batch_size, cfg.unroll_length) == ("mono", 8, 20)
     assert cfg.optim.name is OptimName.rmsprop
-    assert (cfg.optim.learning_rate, cfg.optim.epsilon, cfg.optim.alpha) == (0.00048, 0.01, 0.99)
-    assert (cfg.vtrace.entropy_cost, cfg.vtrace.baseline_cost, cfg.vtrace.discounting) == (0.0006, 0.5, 0.99)
+    assert (cfg.optim.learning_rate, cfg.optim.epsilon, cfg.optim.alpha) == (0.0006, 0.01, 0.99)
+    assert (cfg.vtrace.entropy_cost, cfg.vtrace.baseline_cost, cfg.vtrace.discounting) == (0.01, 0.5, 0.99)
     assert cfg.optim.grad_norm_clipping == 40
     assert cfg.env.sticky_action_prob == 0.0 and cfg.env.noop_max == 30
+
+
+def test_monobeast_preset_keeps_torchbeasts_defaults():
+    cfg = compose_config(["experiment=monobeast"])
+    validate(cfg)
+    backend = cfg.backend
+    assert (backend.num_actors, backend.envs_per_actor, cfg.batch_size, cfg.unroll_length) == (4, 1, 8, 80)
+    assert (cfg.optim.learning_rate, cfg.vtrace.entropy_cost) == (0.00048, 0.0006)
 
 
 @pytest.mark.parametrize("overrides, expected", [
