@@ -23,7 +23,16 @@ from .training import RunDirError
 
 log = logging.getLogger("torchbeast_hydra")
 
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def config_dir() -> str:
+    """The config tree: inside the package when installed from a wheel, else the checkout's conf/."""
+    package = Path(__file__).resolve().parent
+    installed = package / "conf"
+    return str(installed if installed.is_dir() else package.parent / "conf")
+
+
+CONFIG_DIR = config_dir()
 
 register_configs()
 register_resolvers()  # here, so that submitit job processes (which import this module) have them
