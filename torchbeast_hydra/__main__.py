@@ -5,7 +5,10 @@ Composes the config, checks it, then trains (resuming from the run dir's checkpo
 
 from __future__ import annotations
 
+import csv
+import json
 import logging
+import math
 import platform
 import subprocess
 import sys
@@ -62,7 +65,23 @@ def write_run_info(run_dir: Path) -> None:
     OmegaConf.save(OmegaConf.create(info), run_dir / "run_info.yaml")
 
 
-def run(cfg: DictConfig) -> None:
+def final_return(training_run) -> float:
+    """The mean return of the run's last (up to) 100 episodes: what a sweeper optimises.
+
+    A run resumed at its end plays no episode in this process: logs.csv still has them. NaN when
+    the run finished no episode at all (Optuna records such a trial as failed).
+    """
+    recent = list(training_run.stats.recent_returns)
+    if not recent and training_run.csv_path.exists():
+        with open(training_run.csv_path, newline="") as f:
+            for row in csv.DictReader(f):
+                recent.extend(json.loads(row.get("episode_returns") or "[]"))
+        recent = recent[-training_run.stats.recent_returns.maxlen:]
+    return sum(recent) / len(recent) if recent else math.nan
+
+
+def run(cfg: DictConfig) -> float:
+    """Trains (or tests) as configured; returns the final mean episode return (test: evaluation's)."""
     from .envs import probe_env
     from .models import make_model
 
@@ -71,8 +90,7 @@ def run(cfg: DictConfig) -> None:
     if Mode(cfg.mode) is Mode.test:
         from .evaluate import evaluate
 
-        evaluate(cfg, Path(cfg.load_dir) if cfg.load_dir else run_dir)
-        return
+        return evaluate(cfg, Path(cfg.load_dir) if cfg.load_dir else run_dir)["mean_return"]
 
     spec = probe_env(cfg.env)  # an unknown env id fails here, before any process starts
     make_model(cfg.model, spec)  # and so does a model that does not fit the env
@@ -94,12 +112,14 @@ def run(cfg: DictConfig) -> None:
         training_run.close()
     if training_run.stats.step < cfg.total_steps:  # stopped early: under submitit, requeue (see launch.py)
         hand_over(training_run.stopped_by)
+    return final_return(training_run)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> float:
+    """A Hydra task: its return value is what sweepers (hydra/sweeper=optuna, ...) optimise."""
     try:
-        run(cfg)
+        return run(cfg)
     except (ConfigError, CheckpointError) as error:  # before training: nothing to save
         log.error("error: %s", error)
         sys.exit(2)
