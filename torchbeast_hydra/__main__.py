@@ -36,9 +36,34 @@ def config_dir() -> str:
 
 
 CONFIG_DIR = config_dir()
+HELP_GROUPS_RESOLVER = "tbh_config_groups"
+
+
+def config_groups(root: str = CONFIG_DIR) -> str:
+    """`--help`'s list of config groups: each dir of conf/ with its options, the default first.
+
+    Read from the files, so the typed schemas that config.py registers (base_env, ...) stay out.
+    """
+    defaults = {}
+    for item in OmegaConf.load(Path(root) / "config.yaml").get("defaults", []):
+        if isinstance(item, (dict, DictConfig)):
+            defaults.update({str(k): v for k, v in item.items()})
+    lines = []
+    for group in sorted(p for p in Path(root).iterdir() if p.is_dir() and p.name != "hydra"):
+        options = sorted(f.stem for f in group.glob("*.yaml"))
+        default = defaults.get(group.name)
+        if default in options:
+            options = [f"{default} (default)"] + [o for o in options if o != default]
+        elif group.name in defaults:  # e.g. experiment: null
+            options = ["none (default)"] + options
+        lines.append(f"  {group.name}: {', '.join(options)}")
+    return "\n".join(lines)
+
 
 register_configs()
 register_resolvers()  # here, so that submitit job processes (which import this module) have them
+if not OmegaConf.has_resolver(HELP_GROUPS_RESOLVER):
+    OmegaConf.register_new_resolver(HELP_GROUPS_RESOLVER, lambda: config_groups())
 
 
 def write_run_info(run_dir: Path) -> None:
