@@ -18,6 +18,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from . import memory
 from .checkpoint import CheckpointError
 from .config import ConfigError, Mode, PolyRole, register_configs, validate
 from .launch import LaunchError, check_launcher_plugin, hand_over, register_resolvers
@@ -118,7 +119,12 @@ def run(cfg: DictConfig) -> float:
         return evaluate(cfg, Path(cfg.load_dir) if cfg.load_dir else run_dir)["mean_return"]
 
     spec = probe_env(cfg.env)  # an unknown env id fails here, before any process starts
-    make_model(cfg.model, spec)  # and so does a model that does not fit the env
+    model = make_model(cfg.model, spec)  # and so does a model that does not fit the env
+    if not (cfg.backend.name == "poly" and PolyRole(cfg.backend.role) is PolyRole.env):
+        from .training import resolve_device
+
+        needed = memory.check(cfg, spec, model, resolve_device(cfg.device))  # before any process starts
+        log.info("Memory estimate: %s", memory.summary(needed))
     write_run_info(run_dir)
 
     if cfg.backend.name == "poly":
@@ -150,6 +156,13 @@ def main(cfg: DictConfig) -> float:
         sys.exit(2)
     except (NonFiniteUpdate, RunDirError) as error:  # the backend saved the last good state first
         log.error("error: %s", error)
+        sys.exit(1)
+    except Exception as error:
+        if not memory.is_out_of_memory(error):
+            raise
+        log.error("error: out of memory in the learner process (%s). Lower batch_size or unroll_length "
+                  "(the memory estimate is near the top of this log); the last checkpoint is intact.",
+                  str(error).splitlines()[0] if str(error) else type(error).__name__)
         sys.exit(1)
 
 

@@ -1,0 +1,66 @@
+"""Memory: torchbeast_hydra.memory's estimate beside the measured peak, for a few configs.
+
+    python benchmarks/memory.py                     # the calibration set below, 60 s each
+    python benchmarks/memory.py --seconds 90 env=pong batch_size=128     # one config of your own
+
+Each config trains for --seconds (long enough for several learner updates) while the PSS of the
+whole process tree is sampled (shared buffers count once); the estimate is what the entry point
+checks before starting. A good estimate sits a little above the peak: never far below it (a config
+that cannot fit would start), never far above (a config that fits would be refused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's package, as `python -m` runs it
+from _common import platform_line, train  # noqa: E402
+
+CONFIGS = [
+    ["experiment=cartpole"],
+    ["env=pong"],
+    ["env=pong", "batch_size=32"],
+    ["env=pong", "batch_size=96"],
+    ["env=pong", "model=resnet", "batch_size=32"],
+    ["env=pong", "backend=poly", "batch_size=32"],
+]
+COMMON = ["total_steps=1000000000", "checkpoint_interval_s=100000"]
+
+
+def estimate(overrides: list):
+    from hydra import compose, initialize_config_dir
+
+    from torchbeast_hydra import memory
+    from torchbeast_hydra.__main__ import CONFIG_DIR
+    from torchbeast_hydra.envs import probe_env
+    from torchbeast_hydra.models import make_model
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("config", overrides)
+    spec = probe_env(cfg.env)
+    return memory.estimate(cfg, spec, make_model(cfg.model, spec))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    from torchbeast_hydra.memory import GiB, summary
+
+    print(platform_line())
+    for overrides in [args.overrides] if args.overrides else CONFIGS:
+        needed = estimate([*COMMON, *overrides])
+        with tempfile.TemporaryDirectory() as tmp:
+            code, _, peak = train(Path(tmp) / "run", [*COMMON, *overrides], seconds=args.seconds)
+        print(f"{' '.join(overrides):45s} peak {peak / GiB:5.2f} GiB  estimate {needed.ram_total / GiB:5.2f} GiB "
+              f"({needed.ram_total / peak:4.2f}x)  exit {code}", flush=True)
+        print(f"    {summary(needed)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
