@@ -2,11 +2,16 @@
 
     python benchmarks/memory.py                     # the calibration set below, 60 s each
     python benchmarks/memory.py --seconds 90 env=pong batch_size=128     # one config of your own
+    python benchmarks/memory.py --update env=pong batch_size=1000        # one learner update only
 
 Each config trains for --seconds (long enough for several learner updates) while the PSS of the
 whole process tree is sampled (shared buffers count once); the estimate is what the entry point
 checks before starting. A good estimate sits a little above the peak: never far below it (a config
 that cannot fit would start), never far above (a config that fits would be refused).
+
+--update measures one learner update (forward + backward + optimiser step) on a batch of zeros in
+a fresh process, by its peak RSS (the kernel's high-water mark, which sampling cannot miss), beside
+the estimate's activation part; this calibrated memory.ACTIVATION_FACTOR.
 """
 
 from __future__ import annotations
@@ -45,14 +50,50 @@ def estimate(overrides: list):
     return memory.estimate(cfg, spec, make_model(cfg.model, spec))
 
 
+UPDATE = """
+import resource, sys, torch
+from hydra import compose, initialize_config_dir
+from torchbeast_hydra import memory
+from torchbeast_hydra.__main__ import CONFIG_DIR
+from torchbeast_hydra.envs import probe_env
+from torchbeast_hydra.learner import Learner, rollout_specs
+from torchbeast_hydra.models import make_model
+with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+    cfg = compose("config", sys.argv[1:])
+spec = probe_env(cfg.env)
+model = make_model(cfg.model, spec)
+learner = Learner(cfg, model, torch.device("cpu"))
+T, B = cfg.unroll_length, cfg.batch_size
+batch = {k: torch.zeros((T + 1, B, *s), dtype=d) for k, (s, d) in rollout_specs(spec).items()}
+batch["mask"].fill_(True)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+learner.update(batch, model.initial_state(B))
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+estimated = memory.ACTIVATION_FACTOR * B * (T + 1) * memory.activation_bytes(model, spec) + memory.UPDATE_OVERHEAD
+print(f"{' '.join(sys.argv[1:]):45s} update peak {peak / 2**30:5.2f} GiB  estimate {estimated / 2**30:5.2f} GiB "
+      f"({estimated / peak:4.2f}x)")
+"""
+
+
+def measure_update(overrides: list) -> None:
+    import subprocess
+
+    repo = str(Path(__file__).resolve().parent.parent)
+    subprocess.run([sys.executable, "-c", UPDATE, *overrides], cwd=repo, check=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--update", action="store_true", help="measure one learner update only")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     from torchbeast_hydra.memory import GiB, summary
 
     print(platform_line())
+    if args.update:
+        measure_update(args.overrides)
+        return
     for overrides in [args.overrides] if args.overrides else CONFIGS:
         needed = estimate([*COMMON, *overrides])
         with tempfile.TemporaryDirectory() as tmp:

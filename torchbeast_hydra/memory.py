@@ -150,7 +150,8 @@ REMEDIES = {
 
 
 def available_ram() -> int | None:
-    """Memory that can be had without swapping: MemAvailable, bounded by a cgroup (v2) limit."""
+    """Memory that can be had without swapping: MemAvailable, bounded by this process's cgroup (v2)
+    limit, as under SLURM's task/cgroup or a container's memory limit."""
     available = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -158,15 +159,24 @@ def available_ram() -> int | None:
                 available = int(line.split()[1]) * 1024
     except OSError:
         pass
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-        if limit != "max":
-            left = int(limit) - used
-            available = left if available is None else min(available, left)
-    except (OSError, ValueError):
-        pass
+    left = cgroup_memory_left()
+    if left is not None:
+        available = left if available is None else min(available, left)
     return available
+
+
+def cgroup_memory_left() -> int | None:
+    """memory.max - memory.current of this process's cgroup (v2); None without a limit."""
+    try:
+        path = next(line[3:] for line in Path("/proc/self/cgroup").read_text().splitlines()
+                    if line.startswith("0::"))
+        group = Path("/sys/fs/cgroup") / path.strip().lstrip("/")
+        limit = (group / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return int(limit) - int((group / "memory.current").read_text())
+    except (OSError, ValueError, StopIteration):
+        return None
 
 
 def available_gpu(device: torch.device) -> int | None:
