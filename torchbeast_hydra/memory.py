@@ -166,17 +166,27 @@ def available_ram() -> int | None:
 
 
 def cgroup_memory_left() -> int | None:
-    """memory.max - memory.current of this process's cgroup (v2); None without a limit."""
+    """Limit - usage of this process's memory cgroup (v2, else v1); None without a limit."""
     try:
-        path = next(line[3:] for line in Path("/proc/self/cgroup").read_text().splitlines()
-                    if line.startswith("0::"))
-        group = Path("/sys/fs/cgroup") / path.strip().lstrip("/")
-        limit = (group / "memory.max").read_text().strip()
-        if limit == "max":
-            return None
-        return int(limit) - int((group / "memory.current").read_text())
-    except (OSError, ValueError, StopIteration):
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
         return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2
+            group, files = Path("/sys/fs/cgroup", path.lstrip("/")), ("memory.max", "memory.current")
+        elif "memory" in controllers.split(","):  # v1
+            group, files = Path("/sys/fs/cgroup/memory", path.lstrip("/")), ("memory.limit_in_bytes",
+                                                                            "memory.usage_in_bytes")
+        else:
+            continue
+        try:
+            limit = (group / files[0]).read_text().strip()
+            if limit != "max" and int(limit) < 2**60:  # v1 writes "no limit" as a huge number
+                return int(limit) - int((group / files[1]).read_text())
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def available_gpu(device: torch.device) -> int | None:
