@@ -1,11 +1,11 @@
 """Memory: torchbeast_hydra.memory's estimate beside the measured peak, for a few configs.
 
-    python benchmarks/memory.py                     # the calibration set below, 60 s each
-    python benchmarks/memory.py --seconds 90 env=pong batch_size=128     # one config of your own
+    python benchmarks/memory.py                     # the calibration set below
+    python benchmarks/memory.py env=pong batch_size=128      # one config of your own
     python benchmarks/memory.py --update env=pong batch_size=1000        # one learner update only
 
-Each config trains for --seconds (long enough for several learner updates) while the PSS of the
-whole process tree is sampled (shared buffers count once); the estimate is what the entry point
+Each config trains until it has logged --updates learner updates (at most --seconds) while the PSS
+of the whole process tree is sampled twice a second (shared buffers count once); the estimate is what the entry point
 checks before starting. A good estimate sits a little above the peak: never far below it (a config
 that cannot fit would start), never far above (a config that fits would be refused).
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's package, as `python -m` runs it
-from _common import platform_line, train  # noqa: E402
+from _common import MemorySampler, platform_line  # noqa: E402
 
 CONFIGS = [
     ["experiment=cartpole"],
@@ -82,9 +82,36 @@ def measure_update(overrides: list) -> None:
     subprocess.run([sys.executable, "-c", UPDATE, *overrides], cwd=repo, check=True)
 
 
+def train_for_updates(run_dir: Path, overrides: list, updates: int, seconds: float) -> tuple:
+    """Trains until `updates` rows are in logs.csv (or `seconds` pass); returns (updates logged, peak PSS)."""
+    import signal
+    import subprocess
+    import time
+
+    command = [sys.executable, "-m", "torchbeast_hydra", f"hydra.run.dir={run_dir}", "logger.wandb.mode=disabled",
+               *overrides]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               cwd=Path(__file__).resolve().parent.parent)
+    sampler = MemorySampler(process.pid)
+    sampler.start()
+    deadline, logged = time.monotonic() + seconds, 0
+    while time.monotonic() < deadline and process.poll() is None and logged < updates:
+        time.sleep(1)
+        try:
+            logged = len((run_dir / "logs.csv").read_text().splitlines()) - 1
+        except OSError:
+            pass
+    time.sleep(2)  # a few more samples past the last update
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=120)
+    sampler.stop()
+    return logged, sampler.peak
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--seconds", type=float, default=300.0, help="at most this long per config")
+    parser.add_argument("--updates", type=int, default=5, help="learner updates to wait for")
     parser.add_argument("--update", action="store_true", help="measure one learner update only")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
@@ -97,9 +124,9 @@ def main() -> None:
     for overrides in [args.overrides] if args.overrides else CONFIGS:
         needed = estimate([*COMMON, *overrides])
         with tempfile.TemporaryDirectory() as tmp:
-            code, _, peak = train(Path(tmp) / "run", [*COMMON, *overrides], seconds=args.seconds)
+            updates, peak = train_for_updates(Path(tmp) / "run", [*COMMON, *overrides], args.updates, args.seconds)
         print(f"{' '.join(overrides):45s} peak {peak / GiB:5.2f} GiB  estimate {needed.ram_total / GiB:5.2f} GiB "
-              f"({needed.ram_total / peak:4.2f}x)  exit {code}", flush=True)
+              f"({needed.ram_total / peak:4.2f}x)  after {updates} updates", flush=True)
         print(f"    {summary(needed)}", flush=True)
 
 

@@ -31,6 +31,11 @@ def test_what_the_estimate_counts():
     per_sample = memory.ACTIVATION_FACTOR * memory.activation_bytes(model, spec) + 2 * memory.step_bytes(spec)
     assert grown == pytest.approx(56 * (cfg.unroll_length + 1) * per_sample, rel=1e-6)
     assert big.ram["rollout buffers"] == num_buffers(cfg) * (cfg.unroll_length + 1) * memory.step_bytes(spec)
+    # weights, gradients and RMSProp's one slot (Adam: two); the actors share one more copy
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    assert big.ram["model"] == 3 * weights
+    cfg.optim.name = "adam"
+    assert memory.estimate(cfg, spec, model).ram["model"] == 4 * weights
     # a learner on a GPU: activations and the batch there, pinned batches in RAM
     on_gpu = memory.estimate(cfg, spec, model, on_gpu=True)
     assert set(on_gpu.gpu) == {"learner batch", "activations", "model"} and "learner batches" in on_gpu.ram

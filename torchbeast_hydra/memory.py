@@ -88,11 +88,13 @@ def activation_bytes(model: torch.nn.Module, spec: EnvSpec) -> int:
     return total + 4 * numel  # the frame as float32
 
 
-def model_bytes(model: torch.nn.Module, optimizer: str) -> int:
-    """Weights, gradients and the optimiser's state (RMSProp one slot, Adam two)."""
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    slots = 2 if optimizer == "adam" else 1
-    return weights * (2 + slots)
+def weight_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def optimizer_slots(name) -> int:
+    """Tensors of state per weight: RMSProp keeps one, Adam two."""
+    return 2 if str(getattr(name, "value", name)) == "adam" else 1
 
 
 def estimate(cfg, spec: EnvSpec, model: torch.nn.Module, on_gpu: bool = False) -> Estimate:
@@ -100,7 +102,8 @@ def estimate(cfg, spec: EnvSpec, model: torch.nn.Module, on_gpu: bool = False) -
     backend = cfg.backend
     unroll = (cfg.unroll_length + 1) * step_bytes(spec)
     samples = cfg.batch_size * (cfg.unroll_length + 1)
-    learner = model_bytes(model, str(getattr(cfg.optim.name, "value", cfg.optim.name)))
+    weights = weight_bytes(model)
+    learner = weights * (2 + optimizer_slots(cfg.optim.name))  # weights, gradients, optimiser state
     activations = int(ACTIVATION_FACTOR * samples * activation_bytes(model, spec)) + UPDATE_OVERHEAD
     batch = cfg.batch_size * unroll
     per_env = ATARI_ENV if is_atari(cfg.env.id) else 0
@@ -116,7 +119,7 @@ def estimate(cfg, spec: EnvSpec, model: torch.nn.Module, on_gpu: bool = False) -
     result.ram["learner process"] = LEARNER_PROCESS
     if backend.name == "mono":
         result.ram["rollout buffers"] = num_buffers(cfg) * unroll
-        result.ram["actors"] = actors + learner // 4  # plus the actors' shared copy of the weights
+        result.ram["actors"] = actors + weights  # plus the actors' shared copy of the weights
     else:
         in_progress = envs if role is PolyRole.all else 0  # remote clients' envs: unknown here
         result.ram["rollout queue"] = (backend.learner_queue_size + in_progress) * unroll
