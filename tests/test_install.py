@@ -64,6 +64,10 @@ def test_wheel_installs_anywhere_and_trains(tmp_path):
                            capture_output=True, text=True, check=True, cwd=elsewhere).stdout
     assert where.startswith(str(venv)), where
 
+    help_page = subprocess.run([str(command), "--help"], capture_output=True, text=True, timeout=120, cwd=elsewhere,
+                               env=cli_env())
+    assert help_page.returncode == 0 and "env: pong (default)" in help_page.stdout, help_page.stderr
+
     run_dir = elsewhere / "run"
     train = subprocess.run([str(command), f"hydra.run.dir={run_dir}", *TINY], capture_output=True, text=True,
                            timeout=240, cwd=elsewhere, env=cli_env())
