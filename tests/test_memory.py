@@ -54,7 +54,7 @@ def test_a_config_that_cannot_fit_is_refused_with_what_to_lower(monkeypatch):
     message = str(error.value)
     assert "\n" not in message
     assert message.startswith("this config needs about 4") and "but 20.0 GiB is available" in message
-    assert "learner batch and activations 3" in message and "lower batch_size or unroll_length" in message
+    assert "(learner batch and activations 40." in message and "lower batch_size or unroll_length" in message
     cfg.check_memory = False  # the way around an estimate that is wrong for this machine
     memory.check(cfg, spec, model, torch.device("cpu"))
     cfg.check_memory, cfg.batch_size, cfg.unroll_length = True, 8, 20
