@@ -165,3 +165,36 @@ def test_poly_learner_job_and_env_client_array_job(slurm_cluster, tmp_path):
     assert steps(run_dir)[-1] >= 4096
     assert int(rows(run_dir)[-1]["connected_clients"]) == 1
     assert (run_dir / "actorpool_address").read_text().strip().endswith(tuple("0123456789"))
+
+
+def test_the_presets_defaults_that_no_node_has_stop_before_anything_is_written(slurm_cluster, tmp_path):
+    # The preset asks for a GPU, 10 CPUs and 32 GB; the local node has 2 CPUs, ~21 GB and no GPU.
+    sweep = tmp_path / "sweep"
+    result = run_sweep(sweep, *JOB, "hydra/launcher=slurm", f"hydra.launcher.partition={slurm_cluster}", "seed=1,2",
+                       timeout=120)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: each job asks for 10 CPUs") and f"partition '{slurm_cluster}'" in line
+    assert "hydra.launcher.cpus_per_task=2" in line and "hydra.launcher.gpus_per_node=0" in line
+    assert re.search(r"hydra\.launcher\.mem_gb=\d+", line) and "no GPUs" in line
+    assert not sweep.exists()
+
+
+def test_a_job_that_can_never_start_is_cancelled_and_reported(slurm_cluster, tmp_path):
+    # A job that depends on a failed one pends with DependencyNeverSatisfied: forever, unless reported.
+    failed = subprocess.run(["sbatch", "--parsable", f"--partition={slurm_cluster}", "--output=/dev/null",
+                             "--wrap", "false"], capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    wait_for(lambda: "JobState=FAILED" in subprocess.run(["scontrol", "show", "job", failed], text=True,
+                                                         capture_output=True).stdout, 60, "the job to fail")
+    sweep = tmp_path / "sweep"
+    started = time.monotonic()
+    result = run_sweep(sweep, *JOB, *SLURM, f"hydra.launcher.partition={slurm_cluster}", "seed=1",
+                       f"+hydra.launcher.additional_parameters.dependency=afterok:{failed}", timeout=180)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(r"error: SLURM job \d+(_0)? was pending for a reason that waiting does not clear: "
+                     r"DependencyNeverSatisfied", result.stderr), result.stderr
+    assert "Traceback" not in result.stderr
+    (job_id,) = job_ids(sweep)
+    state = subprocess.run(["scontrol", "show", "job", job_id], text=True, capture_output=True).stdout
+    assert "JobState=CANCELLED" in state, "the hopeless job was cancelled, not left in the queue"
+    print(f"reported {time.monotonic() - started:.1f} s after the sweep started")

@@ -233,7 +233,7 @@ class FlakyRun:
     def define_metric(self, *args, **kwargs):
         pass
 
-    def log(self, metrics):
+    def log(self, metrics, step=None):
         if self.logged:
             raise BrokenPipeError("wandb service went away")
         self.logged.append(metrics)
@@ -252,6 +252,69 @@ def test_logging_error_warns_once_and_training_goes_on(tmp_path, monkeypatch, ca
     assert run.logged == [dict(step=1, sps=1.0)] and run.finished
     assert caplog.text.count("Training goes on without wandb") == 1
     assert "wandb service went away" in caplog.text
+
+
+class RecordingRun(FlakyRun):
+    """A wandb run that keeps what is logged, at which wandb step; `resumed` at `step` as told."""
+
+    def __init__(self, resumed=False, step=0):
+        super().__init__()
+        self.resumed, self.step = resumed, step
+        self.id, self.url = "abc123", "https://wandb.example/abc123"
+
+    def log(self, metrics, step=None):
+        self.logged.append((step, metrics.get("step")))
+
+
+def resumed_sink(tmp_path, monkeypatch, mode, runs, resume_step=2560):
+    """A sink for a run resumed from a checkpoint at resume_step; wandb.init answers from `runs`
+    (a run, or an exception to raise) in turn. Returns (sink, the init calls' arguments)."""
+    calls = []
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        answer = runs.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(wandb, "init", init)
+    (tmp_path / "wandb_run_id").write_text("abc123\n")
+    return WandbLog(settings(mode=mode), tmp_path, resume_step=resume_step), calls
+
+
+def test_an_online_run_resumed_from_a_checkpoint_rewinds_wandb_to_it(tmp_path, monkeypatch):
+    run = RecordingRun()
+    sink, calls = resumed_sink(tmp_path, monkeypatch, "online", [run])
+    (call,) = calls
+    assert call["resume_from"] == "abc123?_step=2561"  # rows past the checkpoint's step are dropped
+    assert "id" not in call and "resume" not in call  # wandb refuses resume_from beside them
+    for step in (2624, 2688):
+        sink.write(dict(step=step, sps=1.0))
+    sink.close(timeout_s=5)
+    assert run.logged == [(2624, 2624), (2688, 2688)], "wandb's own step is the training step"
+
+
+def test_where_wandb_cannot_rewind_the_run_continues_without_repeating_steps(tmp_path, monkeypatch, caplog):
+    # The crashed attempt logged up to step 3200; wandb continues the run at its next step, 3201.
+    run = RecordingRun(resumed=True, step=3201)
+    sink, calls = resumed_sink(tmp_path, monkeypatch, "online",
+                               [wandb.errors.CommError("rewind is not enabled"), run])
+    assert [c.get("resume_from") for c in calls] == ["abc123?_step=2561", None]
+    assert calls[1]["id"] == "abc123" and calls[1]["resume"] == "allow"
+    for step in range(2624, 3400, 64):
+        sink.write(dict(step=step, sps=1.0))
+    sink.close(timeout_s=5)
+    assert [step for step, _ in run.logged] == list(range(3264, 3400, 64)), "no step is sent twice"
+    assert "could not rewind run abc123" in caplog.text and "Training goes on without wandb" not in caplog.text
+
+
+@pytest.mark.parametrize("mode, resume_step", [("offline", 2560), ("online", 0)])
+def test_offline_and_new_runs_continue_or_start_the_run(tmp_path, monkeypatch, mode, resume_step):
+    sink, calls = resumed_sink(tmp_path, monkeypatch, mode, [RecordingRun()], resume_step=resume_step)
+    sink.close(timeout_s=5)
+    (call,) = calls
+    assert call["id"] == "abc123" and call["resume"] == "allow" and "resume_from" not in call
 
 
 def test_hydra_labels_outside_hydra_are_empty():

@@ -5,7 +5,10 @@ Composes the config, checks it, then trains (resuming from the run dir's checkpo
 
 from __future__ import annotations
 
+import csv
+import json
 import logging
+import math
 import platform
 import subprocess
 import sys
@@ -15,6 +18,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from . import memory
 from .checkpoint import CheckpointError
 from .config import ConfigError, Mode, PolyRole, register_configs, validate
 from .launch import LaunchError, check_launcher_plugin, hand_over, register_resolvers
@@ -23,10 +27,44 @@ from .training import RunDirError
 
 log = logging.getLogger("torchbeast_hydra")
 
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+def config_dir() -> str:
+    """The config tree: inside the package when installed from a wheel, else the checkout's conf/."""
+    package = Path(__file__).resolve().parent
+    installed = package / "conf"
+    return str(installed if installed.is_dir() else package.parent / "conf")
+
+
+CONFIG_DIR = config_dir()
+HELP_GROUPS_RESOLVER = "tbh_config_groups"
+
+
+def config_groups(root: str = CONFIG_DIR) -> str:
+    """`--help`'s list of config groups: each dir of conf/ with its options, the default first.
+
+    Read from the files, so the typed schemas that config.py registers (base_env, ...) stay out.
+    """
+    defaults = {}
+    for item in OmegaConf.load(Path(root) / "config.yaml").get("defaults", []):
+        if isinstance(item, (dict, DictConfig)):
+            defaults.update({str(k): v for k, v in item.items()})
+    lines = []
+    for group in sorted(p for p in Path(root).iterdir() if p.is_dir() and p.name != "hydra"):
+        options = sorted(f.stem for f in group.glob("*.yaml"))
+        default = defaults.get(group.name)
+        if default in options:
+            options = [f"{default} (default)"] + [o for o in options if o != default]
+        elif group.name in defaults:  # e.g. experiment: null
+            options = ["none (default)"] + options
+        lines.append(f"  {group.name}: {', '.join(options)}")
+    return "\n".join(lines)
+
 
 register_configs()
 register_resolvers()  # here, so that submitit job processes (which import this module) have them
+if not OmegaConf.has_resolver(HELP_GROUPS_RESOLVER):
+    OmegaConf.register_new_resolver(HELP_GROUPS_RESOLVER, lambda: config_groups())
 
 
 def write_run_info(run_dir: Path) -> None:
@@ -53,7 +91,23 @@ def write_run_info(run_dir: Path) -> None:
     OmegaConf.save(OmegaConf.create(info), run_dir / "run_info.yaml")
 
 
-def run(cfg: DictConfig) -> None:
+def final_return(training_run) -> float:
+    """The mean return of the run's last (up to) 100 episodes: what a sweeper optimises.
+
+    A run resumed at its end plays no episode in this process: logs.csv still has them. NaN when
+    the run finished no episode at all (Optuna records such a trial as failed).
+    """
+    recent = list(training_run.stats.recent_returns)
+    if not recent and training_run.csv_path.exists():
+        with open(training_run.csv_path, newline="") as f:
+            for row in csv.DictReader(f):
+                recent.extend(json.loads(row.get("episode_returns") or "[]"))
+        recent = recent[-training_run.stats.recent_returns.maxlen:]
+    return sum(recent) / len(recent) if recent else math.nan
+
+
+def run(cfg: DictConfig) -> float:
+    """Trains (or tests) as configured; returns the final mean episode return (test: evaluation's)."""
     from .envs import probe_env
     from .models import make_model
 
@@ -62,11 +116,15 @@ def run(cfg: DictConfig) -> None:
     if Mode(cfg.mode) is Mode.test:
         from .evaluate import evaluate
 
-        evaluate(cfg, Path(cfg.load_dir) if cfg.load_dir else run_dir)
-        return
+        return evaluate(cfg, Path(cfg.load_dir) if cfg.load_dir else run_dir)["mean_return"]
 
     spec = probe_env(cfg.env)  # an unknown env id fails here, before any process starts
-    make_model(cfg.model, spec)  # and so does a model that does not fit the env
+    model = make_model(cfg.model, spec)  # and so does a model that does not fit the env
+    if not (cfg.backend.name == "poly" and PolyRole(cfg.backend.role) is PolyRole.env):
+        from .training import resolve_device
+
+        needed = memory.check(cfg, spec, model, resolve_device(cfg.device))  # before any process starts
+        log.info("Memory estimate: %s", memory.summary(needed))
     write_run_info(run_dir)
 
     if cfg.backend.name == "poly":
@@ -85,17 +143,26 @@ def run(cfg: DictConfig) -> None:
         training_run.close()
     if training_run.stats.step < cfg.total_steps:  # stopped early: under submitit, requeue (see launch.py)
         hand_over(training_run.stopped_by)
+    return final_return(training_run)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> float:
+    """A Hydra task: its return value is what sweepers (hydra/sweeper=optuna, ...) optimise."""
     try:
-        run(cfg)
+        return run(cfg)
     except (ConfigError, CheckpointError) as error:  # before training: nothing to save
         log.error("error: %s", error)
         sys.exit(2)
     except (NonFiniteUpdate, RunDirError) as error:  # the backend saved the last good state first
         log.error("error: %s", error)
+        sys.exit(1)
+    except Exception as error:
+        if not memory.is_out_of_memory(error):
+            raise
+        log.error("error: out of memory in the learner process (%s). Lower batch_size or unroll_length "
+                  "(the memory estimate is near the top of this log); the last checkpoint is intact.",
+                  str(error).splitlines()[0] if str(error) else type(error).__name__)
         sys.exit(1)
 
 

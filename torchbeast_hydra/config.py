@@ -198,6 +198,7 @@ class Config:
     unroll_length: int = 20
     device: str = "auto"  # auto: cuda when available, else cpu
     checkpoint_interval_s: float = 600.0
+    check_memory: bool = True  # refuse a config whose memory estimate exceeds the machine's (memory.py)
     # mode=test: the training run dir whose checkpoint to load (default: this run dir).
     load_dir: Optional[str] = None
 

@@ -24,10 +24,12 @@ import hashlib
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -101,6 +103,106 @@ def check_slurm(partition: str | None) -> None:
         )
 
 
+@dataclass
+class SlurmNode:
+    """What one node of a partition offers a job."""
+
+    name: str
+    cpus: int
+    mem_mb: int
+    gpus: int
+
+
+def gpu_count(gres: str) -> int:
+    """GPUs in sinfo's GRES column: `(null)`, `gpu:4`, `gpu:a100:4(S:0-1)`, `gpu:2,mps:100`."""
+    total = 0
+    for item in gres.split(","):
+        parts = re.sub(r"\(.*?\)", "", item).split(":")
+        if parts[0] == "gpu":
+            total += int(parts[-1]) if parts[-1].isdigit() else 1
+    return total
+
+
+def minutes(limit: str) -> float | None:
+    """A SLURM time limit (`infinite`, `30`, `4:00:00`, `1-00:00:00`, `2-12`) in minutes; None: no limit."""
+    if limit in ("infinite", "UNLIMITED", "n/a", ""):
+        return None
+    days, _, rest = limit.rpartition("-")
+    fields = [int(f) for f in rest.split(":")]
+    if days:  # D-HH[:MM[:SS]]
+        fields += [0] * (3 - len(fields))
+    elif len(fields) < 3:  # MM[:SS]
+        fields = [0, *fields, *[0] * (2 - len(fields))]
+    hours, mins, secs = fields
+    return int(days or 0) * 1440 + hours * 60 + mins + secs / 60
+
+
+def partition_nodes(sinfo_output: str, partition: str | None) -> tuple[str, list, float | None]:
+    """(partition, its nodes, its time limit in minutes) from `sinfo -h -N -o %N|%P|%c|%m|%G|%l`.
+
+    partition None: the cluster's default one (marked * by sinfo)."""
+    nodes, limits, default = {}, {}, None
+    for line in sinfo_output.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) != 6:
+            continue
+        name, part, cpus, mem, gres, limit = fields
+        if part.endswith("*"):
+            part = default = part[:-1]
+        nodes.setdefault(part, []).append(SlurmNode(name, int(cpus.rstrip("+")), int(mem.rstrip("+")), gpu_count(gres)))
+        limits[part] = minutes(limit)
+    chosen = partition or default
+    return chosen, nodes.get(chosen, []), limits.get(chosen)
+
+
+def check_fits(launcher, partition: str, nodes: list, time_limit: float | None) -> None:
+    """Raises LaunchError when no node of the partition can run one job as the launcher asks."""
+    tasks = int(launcher.get("tasks_per_node") or 1)
+    wants = dict(cpus=int(launcher.get("cpus_per_task") or 1) * tasks,
+                 mem_mb=int(float(launcher.get("mem_gb") or 0) * 1024),
+                 gpus=int(launcher.get("gpus_per_node") or 0) or int(launcher.get("gpus_per_task") or 0) * tasks)
+    fits = [n for n in nodes if n.cpus >= wants["cpus"] and n.mem_mb >= wants["mem_mb"] and n.gpus >= wants["gpus"]]
+    problems, fixes = [], []
+    if not fits and nodes:
+        most = {key: max(getattr(n, key) for n in nodes) for key in wants}
+        if wants["cpus"] > most["cpus"]:
+            problems.append(f"{wants['cpus']} CPUs (cpus_per_task={launcher.get('cpus_per_task')} x tasks_per_node={tasks})")
+            fixes.append(f"hydra.launcher.cpus_per_task={max(1, most['cpus'] // tasks)}")
+        if wants["mem_mb"] > most["mem_mb"]:
+            problems.append(f"{wants['mem_mb'] / 1024:g} GB (mem_gb)")
+            fixes.append(f"hydra.launcher.mem_gb={most['mem_mb'] // 1024}")
+        if wants["gpus"] > most["gpus"]:
+            problems.append(f"{wants['gpus']} GPU{'s' if wants['gpus'] > 1 else ''} (gpus_per_node)")
+            fixes.append(f"hydra.launcher.gpus_per_node={most['gpus']}")
+        if not problems:  # each fits some node, but no node has them all
+            problems.append(f"{wants['cpus']} CPUs, {wants['mem_mb'] / 1024:g} GB and {wants['gpus']} GPUs together")
+        offers = "; ".join(sorted({f"{n.cpus} CPUs, {n.mem_mb / 1024:.1f} GB, {n.gpus or 'no'} GPUs" for n in nodes}))
+        raise LaunchError(
+            f"each job asks for {', '.join(problems)}, but no node of SLURM partition '{partition}' has "
+            f"that (its nodes: {offers}): set {' '.join(fixes) or 'smaller hydra.launcher resources'}, or "
+            "pick a partition that has it with hydra.launcher.partition=NAME.")
+    wanted_min = launcher.get("timeout_min")
+    if time_limit is not None and wanted_min and float(wanted_min) > time_limit:
+        raise LaunchError(
+            f"hydra.launcher.timeout_min={wanted_min} is above SLURM partition '{partition}'s time limit "
+            f"({time_limit:g} min), so the jobs would never start: set hydra.launcher.timeout_min={int(time_limit)} "
+            "(runs are requeued at the limit and resume from their checkpoint).")
+
+
+def check_resources(launcher) -> None:
+    """Compares what each job asks for with the nodes of its partition (sinfo), before submitting."""
+    partition = launcher.get("partition")
+    try:
+        result = subprocess.run(["sinfo", "-h", "-N", "-o", "%N|%P|%c|%m|%G|%l"], capture_output=True,
+                                text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as error:
+        raise LaunchError(f"cannot ask SLURM for its nodes (sinfo: {error}).") from error
+    name, nodes, time_limit = partition_nodes(result.stdout, partition)
+    if name is None or not nodes:
+        return  # no default partition, or sinfo hides it from us: sbatch will say what it thinks
+    check_fits(launcher, name, nodes, time_limit)
+
+
 class LaunchChecks(Callback):
     """Checks a sweep's launcher before the sweeper writes its sweep dir or submits any job."""
 
@@ -109,6 +211,7 @@ class LaunchChecks(Callback):
         try:
             if target.endswith("SlurmLauncher"):
                 check_slurm(OmegaConf.select(config, "hydra.launcher.partition", default=None))
+                check_resources(OmegaConf.select(config, "hydra.launcher"))
         except LaunchError as error:
             print(f"error: {error}", file=sys.stderr)
             sys.exit(2)  # SystemExit passes through Hydra's error reporting: one clear line

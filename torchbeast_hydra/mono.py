@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 from .config import num_buffers
 from .envs import Environments, EnvSpec
 from .learner import AGENT_KEYS, ENV_KEYS, rollout_specs
+from .memory import describe_exit
 from .models import make_model
 from .training import StopOnSignals, TrainingRun, to_device
 
@@ -238,8 +239,8 @@ class MonoBeast:
             if self.run.stop_requested.is_set():  # stopping anyway (e.g. SLURM signalled the whole job)
                 continue
             self.restarts += 1
-            log.error("Actor %d (pid %s) died with exit code %s; starting a replacement (%d/%d).",
-                      index, process.pid, process.exitcode, self.restarts, self.cfg.backend.max_actor_restarts)
+            log.error("Actor %d (pid %s) %s; starting a replacement (%d/%d).", index, process.pid,
+                      describe_exit(process.exitcode), self.restarts, self.cfg.backend.max_actor_restarts)
             if self.restarts > self.cfg.backend.max_actor_restarts:
                 raise RuntimeError(
                     f"actors died {self.restarts} times (last exit code {process.exitcode}); see the log "

@@ -93,7 +93,7 @@ class TrainingRun:
                 sinks.append(CsvLog(self.csv_path, resume_step=start_step))
         group, name, tags = hydra_labels()
         wandb_log = WandbLog(cfg.logger.wandb, self.run_dir, group=group, name=name, tags=tags,
-                             config=to_plain_dict(cfg))
+                             config=to_plain_dict(cfg), resume_step=start_step)
         if wandb_log.active:
             sinks.append(wandb_log)
         self.stats = Stats(start_step, cfg.total_steps, sinks, start_time_s=elapsed_s)

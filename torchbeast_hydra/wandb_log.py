@@ -8,6 +8,18 @@ continue the same wandb run; wandb's files go to `<run dir>/wandb`.
 wandb never stops or slows training: all wandb calls happen on one background thread fed by a
 queue, start-up has a deadline (`logger.wandb.init_timeout_s`), and any wandb error logs one
 warning and turns the sink off. logs.csv is written whatever happens here.
+
+Resuming after a crash. Training rows are logged at wandb's own step (`_step`) = the training
+step, so a run resumed from a checkpoint at step S can ask wandb to rewind the run there
+(`wandb.init(resume_from="ID?_step=S+1")`, wandb >= 0.17, online runs on a server that has
+rewind): the rows past S that the crashed attempt logged are dropped, and the resumed rows take
+their place, each step once. Where rewind is not possible (offline runs; a server without it; a
+run the server does not know), the run is continued (`resume="allow"`) and rows at or below the
+step wandb already has are not sent: the crashed attempt's rows past S stay, the resumed run's
+rows start after them, so no step shows twice either, but steps S..crash show the crashed
+attempt's figures. An offline run cannot know what the server has: its resumed part is a new
+offline run dir with the same id, and `wandb sync` of both sends the overlapping steps twice
+(sync the resumed part only, or rewind online).
 """
 
 from __future__ import annotations
@@ -149,7 +161,7 @@ class WandbLog:
 
     def __init__(self, settings, run_dir: str | os.PathLike, *, config: Optional[dict] = None,
                  group: Optional[str] = None, name: Optional[str] = None, tags: Iterable[str] = (),
-                 job_type: Optional[str] = "train"):
+                 job_type: Optional[str] = "train", resume_step: int = 0):
         self.mode = resolve_mode(_value(settings.mode))
         self.run_dir = Path(run_dir)
         self.run = None
@@ -170,9 +182,10 @@ class WandbLog:
             project=settings.project, entity=settings.entity, group=settings.group or group,
             name=settings.name or name, tags=_unique([*tags, *settings.tags]) or None,
             config=config, job_type=job_type, dir=str(self.run_dir), mode=self.mode,
-            id=self.run_id, resume="allow",
         )
-        self._thread = threading.Thread(target=self._work, args=(init_kwargs, settings.init_timeout_s),
+        self._first_step = 0  # rows at lower steps are not sent (see the module docstring)
+        self._thread = threading.Thread(target=self._work, args=(init_tries(init_kwargs, self.run_id, self.mode, resume_step),
+                                                                 settings.init_timeout_s),
                                         name="wandb", daemon=True)
         self._thread.start()
         # A little longer than wandb's own deadline, which normally ends a stuck start first.
@@ -185,16 +198,19 @@ class WandbLog:
         return self._thread is not None and not self._failed.is_set()
 
     def write(self, row: Mapping) -> None:
-        """Queues a logs.csv row: its numeric fields, at x = row['step']."""
-        self.log(numeric_fields(row))
+        """Queues a logs.csv row: its numeric fields, at x = row['step'] (also wandb's own step)."""
+        metrics = numeric_fields(row)
+        self.log(metrics, wandb_step=metrics.get("step"))
 
     def log(self, metrics: Mapping, videos: Optional[Mapping[str, str | os.PathLike]] = None,
-            summary: Optional[Mapping] = None) -> None:
-        """Queues metrics (a `step` key sets their x), video files to upload and summary values."""
+            summary: Optional[Mapping] = None, wandb_step: Optional[int] = None) -> None:
+        """Queues metrics (a `step` key sets their x), video files to upload and summary values.
+
+        wandb_step: wandb's `_step` for the row; None: the next one (as for an evaluation)."""
         if not self.active:
             return
         try:
-            self._queue.put_nowait(("log", dict(metrics), dict(videos or {}), dict(summary or {})))
+            self._queue.put_nowait(("log", dict(metrics), dict(videos or {}), dict(summary or {}), wandb_step))
         except queue.Full:
             self._fail(f"wandb fell {MAX_QUEUED} rows behind")
 
@@ -217,16 +233,28 @@ class WandbLog:
 
     # The wandb thread: every wandb call happens here.
 
-    def _work(self, init_kwargs: dict, init_timeout_s: float) -> None:
+    def _work(self, tries: list, init_timeout_s: float) -> None:
+        run = None
         try:
             import wandb
 
-            run = wandb.init(**init_kwargs, settings=wandb.Settings(
-                init_timeout=init_timeout_s, silent=True, console="off"))
+            for i, kwargs in enumerate(tries):
+                try:
+                    run = wandb.init(**kwargs, settings=wandb.Settings(
+                        init_timeout=init_timeout_s, silent=True, console="off"))
+                    break
+                except Exception as error:
+                    if i + 1 == len(tries):
+                        raise
+                    log.warning("wandb could not rewind run %s to the checkpoint (%s); continuing it instead: "
+                                "steps past the checkpoint keep the crashed attempt's figures.", self.run_id,
+                                _first_line(error))
         except BaseException as error:  # anything, even a KeyboardInterrupt-like exit of wandb
             self._fail(f"wandb did not start: {_first_line(error)}")
             self._ready.set()
             return
+        if "resume_from" not in kwargs and getattr(run, "resumed", False):
+            self._first_step = int(getattr(run, "step", 0) or 0)  # what wandb has already
         self._ready.set()
         if self._failed.is_set():  # started after the deadline: training went on without it
             _finish(run)
@@ -243,11 +271,13 @@ class WandbLog:
                     break
                 if self._failed.is_set():
                     continue
-                _, metrics, videos, summary = item
+                _, metrics, videos, summary, step = item
                 for key, path in videos.items():
                     metrics[key] = wandb.Video(str(path))
-                if metrics:
+                if metrics and step is None:
                     run.log(metrics)
+                elif metrics and step >= self._first_step:
+                    run.log(metrics, step=step)
                 if summary:
                     run.summary.update(summary)
         except Exception as error:
@@ -261,6 +291,19 @@ class WandbLog:
             self._failed.set()
         saved = f" What wandb saved is in {self.sync_dir} (`wandb sync` uploads it)." if self.sync_dir else ""
         log.warning("%s. Training goes on without wandb; logs.csv is unaffected.%s", reason, saved)
+
+
+def init_tries(kwargs: dict, run_id: str, mode: str, resume_step: int) -> list:
+    """wandb.init's arguments, in the order to try them.
+
+    A training run resumed from a checkpoint at resume_step, online: first rewind the wandb run
+    to just after that step (dropping what the crashed attempt logged past it), then, if wandb
+    refuses, continue it. Otherwise (a new run, offline, mode=test): continue it or start it.
+    """
+    resume = dict(kwargs, id=run_id, resume="allow")
+    if resume_step > 0 and mode == "online":
+        return [dict(kwargs, resume_from=f"{run_id}?_step={resume_step + 1}"), resume]
+    return [resume]
 
 
 def _finish(run, on_error=None) -> None:
