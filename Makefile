@@ -24,7 +24,7 @@ test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 plot: setup  # make plot ARGS=outputs/multirun/DATE/TIME (default: the newest run or sweep)
-	$(PY) -m torchbeast_hydra.plot $(ARGS)
+	$(PY) -m torchbeast_hydra.analysis $(ARGS)
 
 benchmark: setup
 	$(PY) benchmarks/throughput.py $(ARGS)

@@ -70,7 +70,7 @@ def run(cfg: DictConfig) -> None:
     write_run_info(run_dir)
 
     if cfg.backend.name == "poly":
-        from .poly import learner as backend
+        from .poly import backend
 
         if PolyRole(cfg.backend.role) is PolyRole.env:  # env clients only: no learner, no run state
             sys.exit(backend.run_env_clients(cfg))
