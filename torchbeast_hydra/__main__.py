@@ -93,6 +93,9 @@ def main(cfg: DictConfig) -> None:
         run(cfg)
     except (ConfigError, CheckpointError) as error:  # before training: nothing to save
         log.error("error: %s", error)
+        cause = error.__cause__
+        if cause is not None:  # e.g. a bug in a user's env: its traceback, after the one clear line
+            log.error("caused by:", exc_info=(type(cause), cause, cause.__traceback__))
         sys.exit(2)
     except (NonFiniteUpdate, RunDirError) as error:  # the backend saved the last good state first
         log.error("error: %s", error)

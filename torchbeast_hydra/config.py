@@ -47,7 +47,9 @@ class RewardClipping(enum.Enum):
 
 @dataclass
 class EnvConfig:
-    id: str = "ALE/Pong-v5"
+    id: str = "ALE/Pong-v5"  # any gymnasium id, also gymnasium's "module:EnvId" form
+    # Modules to import before making envs, in every process that makes them: your gym.register calls.
+    imports: List[str] = field(default_factory=list)
     # Atari preprocessing (grayscale frames), as TorchBeast used it; ignored for non-Atari ids.
     noop_max: int = 30
     frame_skip: int = 4

@@ -12,38 +12,14 @@ from __future__ import annotations
 import logging
 import math
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from . import vtrace
 from .config import OnNonFinite, OptimConfig, OptimName, RewardClipping, VtraceConfig
-from .envs import EnvSpec
 
 log = logging.getLogger(__name__)
-
-
-# The rollout keys an env produces, and those the acting policy adds to the same row.
-ENV_KEYS = ("frame", "reward", "done", "episode_return", "episode_step", "last_action", "episode_end")
-AGENT_KEYS = ("action", "policy_logits", "baseline")
-
-
-def rollout_specs(spec: EnvSpec) -> dict:
-    """The rollout layout shared by both backends: key -> (per-step shape, dtype)."""
-    return dict(
-        frame=(spec.obs_shape, torch.from_numpy(np.zeros(0, spec.obs_dtype)).dtype),
-        reward=((), torch.float32),
-        done=((), torch.bool),
-        episode_return=((), torch.float32),
-        episode_step=((), torch.int32),
-        last_action=((), torch.int64),
-        episode_end=((), torch.bool),
-        action=((), torch.int64),
-        policy_logits=((spec.num_actions,), torch.float32),
-        baseline=((), torch.float32),
-        mask=((), torch.bool),
-    )
 
 
 def compute_losses(cfg: VtraceConfig, batch: dict, outputs: dict) -> dict:

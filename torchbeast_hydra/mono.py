@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 
 from .config import num_buffers
 from .envs import Environments, EnvSpec
-from .learner import AGENT_KEYS, ENV_KEYS, rollout_specs
+from .layout import AGENT_KEYS, ENV_KEYS, rollout_specs
 from .models import make_model
 from .training import StopOnSignals, TrainingRun, to_device
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..envs import EnvSpec
-from ..learner import rollout_specs
+from ..layout import rollout_specs
 from . import wire
 from .batcher import BatcherClosed, DynamicBatcher
 from .rollouts import Emit, RolloutBuilder
