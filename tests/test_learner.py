@@ -14,10 +14,9 @@ from torchbeast_hydra import models
 from torchbeast_hydra.config import (
     Config,
     EnvConfig,
-    ModelConfig,
-    ModelName,
+    MLPConfig,
     MonoConfig,
-    OptimConfig,
+    RMSPropConfig,
     RewardClipping,
     VtraceConfig,
 )
@@ -325,9 +324,9 @@ SPEC = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype("float32"), num_actions=2)
 def learner_cfg(batch_size=2, unroll_length=3, total_steps=24, anneal_lr=True, use_lstm=False):
     cfg = OmegaConf.structured(Config)
     cfg.env = OmegaConf.structured(EnvConfig)
-    cfg.model = OmegaConf.structured(ModelConfig(name=ModelName.mlp, use_lstm=use_lstm, hidden_sizes=[8]))
+    cfg.model = OmegaConf.structured(MLPConfig(use_lstm=use_lstm, hidden_sizes=[8]))
     cfg.vtrace = OmegaConf.structured(VtraceConfig)
-    cfg.optim = OmegaConf.structured(OptimConfig(learning_rate=0.01, anneal_lr=anneal_lr))
+    cfg.optim = OmegaConf.structured(RMSPropConfig(learning_rate=0.01, anneal_lr=anneal_lr))
     cfg.backend = OmegaConf.structured(MonoConfig)
     cfg.batch_size = batch_size
     cfg.unroll_length = unroll_length
