@@ -97,6 +97,12 @@ class MLPConfig(ModelConfig):
 
 
 @dataclass
+class LossTermConfig:
+    fn: str = MISSING  # module.function: LossInputs -> scalar tensor (see learner.py)
+    cost: float = 1.0  # the term's weight in total_loss
+
+
+@dataclass
 class VtraceConfig:
     discounting: float = 0.99
     baseline_cost: float = 0.5
@@ -104,6 +110,8 @@ class VtraceConfig:
     reward_clipping: RewardClipping = RewardClipping.abs_one
     clip_rho_threshold: Optional[float] = 1.0
     clip_pg_rho_threshold: Optional[float] = 1.0
+    # Your own loss terms, added to IMPALA's: name (ending in _loss, logged as such) -> fn + cost.
+    extra_losses: Dict[str, LossTermConfig] = field(default_factory=dict)
 
 
 @dataclass
