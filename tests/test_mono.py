@@ -154,3 +154,23 @@ def test_test_mode_without_checkpoint_fails_clearly(tmp_path):
                      check=False)
     assert result.returncode == 2
     assert "no checkpoint" in result.stdout + result.stderr
+
+
+def test_resume_survives_config_fields_added_since(tiny_run):
+    """A checkpoint from older code, whose saved config lacks fields added since, still resumes."""
+    path = checkpoint.path_in(tiny_run)
+    state = checkpoint.load(path)
+    for group, key in (("model", "lstm_layers"), ("env", "imports"), ("vtrace", "extra_losses")):
+        del state["config"][group][key]
+    del state["env"]  # older checkpoints did not record the env's spaces either
+    checkpoint.save(path, state)
+    result = run_cli(tiny_run, *TINY, "total_steps=3200", "env.sticky_action_prob=0.5")
+    assert "Resuming from" in (tiny_run / "torchbeast.log").read_text()
+    assert steps(tiny_run)[-1] == 3200
+    assert "env.sticky_action_prob=0.5" in result.stdout + result.stderr  # said, not refused
+
+
+def test_resume_in_another_env_with_the_same_spaces_is_refused(tiny_run):
+    result = run_cli(tiny_run, *TINY, "env.id=CartPole-v0", check=False)
+    assert result.returncode == 2
+    assert "trained with env=" in result.stdout + result.stderr

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import signal
 import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from . import checkpoint
@@ -43,6 +45,25 @@ def to_device(batch: dict, core_state: tuple, device: torch.device) -> tuple[dic
     return batch, tuple(s.to(device, non_blocking=True) for s in core_state)
 
 
+def seed_everything(seed: int) -> None:
+    """The learner process's seed: model initialisation, sampling in central inference, numpy."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def actor_seed(run_seed: int, actor: int, envs_per_actor: int) -> int:
+    """The first env seed of the `actor`-th actor a run starts (restarts and reconnects count on),
+    so that every env of every actor, replacement or client gets its own seed."""
+    return run_seed * 1_000_003 + actor * envs_per_actor
+
+
+def env_signature(env_id: str, spec: EnvSpec) -> dict:
+    """What a checkpoint's env must match to resume: its id and spaces."""
+    return dict(id=env_id, obs_shape=list(spec.obs_shape), obs_dtype=str(spec.obs_dtype),
+                num_actions=int(spec.num_actions))
+
+
 class RunDirError(RuntimeError):
     """The run dir cannot be written (disk full, permissions); the message says what to do."""
 
@@ -67,6 +88,7 @@ class TrainingRun:
         self.run_dir = Path(run_dir)
         self.spec = spec
         self.device = resolve_device(cfg.device)
+        seed_everything(cfg.seed)  # before the model is built: its initial weights follow the seed
         self.learner = Learner(cfg, make_model(cfg.model, spec), self.device)
         self.lock = threading.Lock()  # guards the learner and stats between updates and saves
         self.stop_requested = threading.Event()
@@ -81,8 +103,6 @@ class TrainingRun:
             checkpoint.set_rng_state(state["rng"])
             start_step, episodes = state["step"], state["stats"]["episodes"]
             log.info("Resuming from %s at step %d.", self.checkpoint_path, start_step)
-        else:
-            torch.manual_seed(cfg.seed)
         self.resumed = start_step > 0
         sinks = []
         self.csv_path = self.run_dir / "logs.csv"
@@ -99,15 +119,36 @@ class TrainingRun:
         self._last_save = time.monotonic()
 
     def _check_compatible(self, state: dict) -> None:
+        """A checkpoint fits when what shapes the env and the model is unchanged: the env's id and
+        spaces, the body class and every parameter's shape. Config fields added since (absent
+        from the saved config) or changed without changing shapes do not stop a resume."""
         saved = state.get("config", {})
         current = to_plain_dict(self.cfg)
+        saved_env = state.get("env", dict(id=saved.get("env", {}).get("id")))  # older checkpoints: the id
+        current_env = env_signature(self.cfg.env.id, self.spec)
+        if any(saved_env[key] != current_env.get(key) for key in saved_env):
+            raise self._mismatch("env", saved_env, current_env, "the env's id or spaces differ")
+        saved_target = saved.get("model", {}).get("_target_")
+        if saved_target is not None and saved_target != current["model"]["_target_"]:
+            raise self._mismatch("model", saved["model"], current["model"], "the model's body class differs")
+        saved_shapes = {key: tuple(value.shape) for key, value in state["learner"]["model"].items()}
+        current_shapes = {key: tuple(value.shape) for key, value in self.learner.model.state_dict().items()}
+        if saved_shapes != current_shapes:
+            differ = sorted(set(saved_shapes) ^ set(current_shapes)) or [
+                key for key in saved_shapes if saved_shapes[key] != current_shapes[key]]
+            key = differ[0]
+            detail = f"{key}: {list(saved_shapes.get(key, ['absent']))} saved, {list(current_shapes.get(key, ['absent']))} now"
+            raise self._mismatch("model", saved.get("model"), current["model"], f"parameter shapes differ ({detail})")
         for group in ("env", "model"):
-            if saved.get(group) != current[group]:
-                raise checkpoint.CheckpointError(
-                    f"{self.checkpoint_path} was trained with {group}={saved.get(group)}, but this run "
-                    f"asks for {group}={current[group]}. Resume with the original config, or start "
-                    "in a new run dir."
-                )
+            changed = {key: (value, current[group][key]) for key, value in saved.get(group, {}).items()
+                       if key in current[group] and value != current[group][key]}
+            for key, (before, now) in changed.items():
+                log.warning("Resuming with %s.%s=%s (trained with %s): it does not change shapes.", group, key, now, before)
+
+    def _mismatch(self, group: str, saved, current, why: str) -> checkpoint.CheckpointError:
+        return checkpoint.CheckpointError(
+            f"{self.checkpoint_path} was trained with {group}={saved}, but this run asks for {group}={current}: "
+            f"{why}. Resume with the original config, or start in a new run dir.")
 
     @property
     def done(self) -> bool:
@@ -143,6 +184,7 @@ class TrainingRun:
                 stats=dict(episodes=self.stats.episodes),
                 rng=checkpoint.rng_state(),
                 config=to_plain_dict(self.cfg),
+                env=env_signature(self.cfg.env.id, self.spec),  # what a resume must match (with the shapes)
             )
             with writing(self.checkpoint_path):
                 checkpoint.save(self.checkpoint_path, state)
