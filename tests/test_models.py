@@ -90,3 +90,13 @@ def test_sampling_from_non_finite_logits_acts_uniformly_instead_of_crashing():
                   last_action=torch.zeros(1, 300, dtype=torch.long))
     actions = model(inputs)[0]["action"]
     assert set(actions.flatten().tolist()) == {0, 1, 2}
+
+
+def test_model_configs_saved_before_target_still_build_the_same_network():
+    from torchbeast_hydra.models import saved_model_config
+
+    old = dict(name="mlp", use_lstm=True, hidden_sizes=[8])  # a checkpoint's model config before _target_
+    model = make_model(saved_model_config(old), VECTOR)
+    assert model.use_lstm and model.body.output_size == 8
+    assert make_model(saved_model_config(dict(name="atari_net", use_lstm=True, hidden_sizes=[64])),
+                      ATARI).lstm.num_layers == 2

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from . import checkpoint
 from .config import ConfigError, EnvConfig
 from .envs import Environments
-from .models import make_model
+from .models import make_model, saved_model_config
 from .wandb_log import WandbLog
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ def evaluate(cfg, run_dir: Path) -> dict:
     state = checkpoint.load(checkpoint.path_in(run_dir))
     # The trained run's env and model, whatever this invocation's defaults say.
     env_cfg = OmegaConf.merge(OmegaConf.structured(EnvConfig), state["config"]["env"])
-    model_cfg = OmegaConf.merge(cfg.model, state["config"]["model"])
+    model_cfg = saved_model_config(state["config"]["model"])
     record = cfg.test.record_video
     envs = Environments(OmegaConf.to_object(env_cfg), 1, seed=cfg.seed, episodic_life=False,
                         render_mode="rgb_array" if record else None)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
-from .config import ConfigError
+from .config import AtariNetConfig, ConfigError, MLPConfig, ResNetConfig
 from .envs import EnvSpec
 
 
@@ -226,3 +226,15 @@ def _check_body(body, target: str, spec: EnvSpec) -> None:
     if tuple(features.shape) != (2, size) or not features.is_floating_point():
         raise ConfigError(f"model {target} returned features {tuple(features.shape)} {features.dtype} for "
                           f"2 observations; the Body contract wants float [2, output_size={size}].")
+
+
+# Checkpoints written before models were named by _target_ named them by model.name.
+_NAMED_BEFORE = dict(atari_net=AtariNetConfig, resnet=ResNetConfig, mlp=MLPConfig)
+
+
+def saved_model_config(saved: dict) -> dict:
+    """The model config a checkpoint was trained with, in today's form (older ones had model.name)."""
+    if "_target_" in saved or saved.get("name") not in _NAMED_BEFORE:
+        return saved
+    schema = OmegaConf.structured(_NAMED_BEFORE[saved["name"]])
+    return OmegaConf.to_container(OmegaConf.merge(schema, {k: v for k, v in saved.items() if k in schema}))

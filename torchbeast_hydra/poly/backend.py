@@ -1,4 +1,5 @@
-"""The PolyBeast run: the ActorPool server, central inference, the learner thread, local clients.
+"""The PolyBeast backend: the ActorPool server, central inference and local env clients feed the
+shared training loop (training.Backend).
 
 role=all   server + learner + backend.num_actors local env client processes
 role=learner  server + learner; env clients connect from other machines
@@ -25,7 +26,7 @@ from omegaconf import OmegaConf
 from ..config import ConfigError, PolyRole, split_address
 from ..envs import probe_env
 from ..models import make_model
-from ..training import StopOnSignals, TrainingRun, to_device
+from ..training import ActorProcesses, Backend, StopOnSignals, TrainingRun
 from . import wire
 from .batcher import DynamicBatcher
 from .client import FINISHED, REFUSED, UNREACHABLE, channel_options, client_main
@@ -52,80 +53,31 @@ def resolve_token(backend) -> str:
     )
 
 
-class LocalClients:
-    """Env client processes on this machine, replaced when they die (up to a limit)."""
+def local_clients(cfg, address: str, token: str, max_message_bytes: int) -> ActorProcesses:
+    """Env client processes on this machine (role=all and role=env), replaced when they die."""
+    backend = cfg.backend
+    ctx = mp.get_context("spawn")
+    args = (OmegaConf.to_object(cfg.env), address, token, backend.envs_per_actor,
+            backend.connect_timeout_s, max_message_bytes, True)  # True: the parent handles SIGINT
 
-    def __init__(self, cfg, address: str, token: str, max_message_bytes: int, ignore_sigint: bool):
-        backend = cfg.backend
-        self.ctx = mp.get_context("spawn")
-        self.args = (OmegaConf.to_object(cfg.env), address, token, backend.envs_per_actor,
-                     backend.connect_timeout_s, max_message_bytes, ignore_sigint)
-        self.count = backend.num_actors
-        self.max_restarts = backend.max_actor_restarts
-        self.restarts = 0
-        self.processes = {}
-        self.exit_codes = []  # of clients that ended for good
-
-    def start(self) -> None:
-        for index in range(self.count):
-            self._start(index)
-
-    def _start(self, index: int) -> None:
-        process = self.ctx.Process(target=client_main, args=self.args, name=f"env-client-{index}", daemon=True)
+    def start(index: int, number: int):  # env seeds come from the server (per connection)
+        process = ctx.Process(target=client_main, args=args, name=f"env-client-{index}", daemon=True)
         process.start()
-        self.processes[index] = process
+        return process
 
-    def supervise(self, training: bool) -> None:
-        """Replaces clients that died while training goes on; raises when they keep dying."""
-        for index, process in list(self.processes.items()):
-            if process.is_alive():
-                continue
-            process.join()
-            code = process.exitcode
-            if code in (FINISHED, UNREACHABLE) or not training:  # nothing a restart would fix
-                self.exit_codes.append(code)
-                del self.processes[index]
-                continue
-            if code == REFUSED:
-                raise RuntimeError(f"the learner refused env client {index}; see its log above.")
-            self.restarts += 1
-            log.error("Env client %d (pid %s) exited with code %s; starting a replacement (%d/%d).",
-                      index, process.pid, code, self.restarts, self.max_restarts)
-            if self.restarts > self.max_restarts:
-                raise RuntimeError(
-                    f"env clients died {self.restarts} times (last exit code {code}); see the log above. "
-                    "Raise backend.max_actor_restarts if crashes are expected.")
-            self._start(index)
-
-    @property
-    def running(self) -> bool:
-        return any(process.is_alive() for process in self.processes.values())
-
-    def stop(self, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        for process in self.processes.values():
-            process.join(timeout=max(0.0, deadline - time.monotonic()))
-            if process.is_alive():
-                process.terminate()
-                process.join(timeout=2.0)
-            if process.is_alive():
-                process.kill()
-                process.join()
+    return ActorProcesses(start, backend.num_actors, backend.max_actor_restarts, what="Env client",
+                          final=(FINISHED, UNREACHABLE),  # nothing a restart would fix
+                          fatal={REFUSED: "the learner refused env client {index}; see its log above."})
 
 
-class PolyBeast:
-    """Runs a TrainingRun fed by the ActorPool server."""
+class PolyBeast(Backend):
+    """Rollouts assembled by the ActorPool server from its clients' steps, with central inference."""
 
     def __init__(self, cfg, run: TrainingRun):
-        self.cfg = cfg
-        self.run = run
+        super().__init__(cfg, run, make_model(cfg.model, run.spec).to(run.device))
         backend = cfg.backend
         self.token = resolve_token(backend)
         self.device = run.device
-        self.model = make_model(cfg.model, run.spec).to(self.device)
-        self.model.eval()
-        self.weights_lock = threading.Lock()
-        self._sync_weights()
         self.rollouts = queue.Queue(maxsize=backend.learner_queue_size)
         self.inference = DynamicBatcher(self._infer, backend.max_batch_size, backend.batch_timeout_ms / 1000,
                                         producers=lambda: self.pool.connected, name="inference",
@@ -135,13 +87,14 @@ class PolyBeast:
             cfg.unroll_length, backend.cut_at_reset, backend.max_envs_per_client, cfg.seed)
         self.max_message_bytes = wire.max_message_bytes(run.spec.obs_shape, run.spec.obs_dtype,
                                                         backend.max_envs_per_client)
-        self._errors = []
+        self.server = None
+        self.clients = None
 
     # -- acting ------------------------------------------------------------------------------
 
     def _initial_state(self, num_envs: int) -> tuple:
         """Fresh core state for num_envs envs, batch first: [num_envs, ...]."""
-        return tuple(s.transpose(0, 1).contiguous() for s in self.model.initial_state(num_envs))
+        return tuple(s.transpose(0, 1).contiguous() for s in self.policy.initial_state(num_envs))
 
     def _infer(self, inputs: dict) -> dict:
         """Central inference on a dynamic batch: inputs [N, ...] -> actions and policy outputs [N, ...]."""
@@ -150,7 +103,7 @@ class PolyBeast:
         env_outputs = {key: inputs[key].to(device).unsqueeze(0) for key in inputs if key not in states}
         core_state = tuple(inputs[key].to(device).transpose(0, 1) for key in states)
         with torch.no_grad(), self.weights_lock:
-            outputs, core_state = self.model(env_outputs, core_state)
+            outputs, core_state = self.policy(env_outputs, core_state)
         result = {key: value[0].cpu() for key, value in outputs.items()}
         for i, state in enumerate(core_state):
             result[f"core_state_{i}"] = state.transpose(0, 1).cpu()
@@ -165,15 +118,20 @@ class PolyBeast:
             except queue.Full:
                 continue
 
-    # -- learning ----------------------------------------------------------------------------
+    # -- what Backend asks for ---------------------------------------------------------------
 
-    def _sync_weights(self) -> None:
-        with torch.no_grad(), self.weights_lock:
-            for target, source in zip(self.model.state_dict().values(),
-                                      self.run.learner.model.state_dict().values()):
-                target.copy_(source)
+    def start(self) -> None:
+        self.server, port = self._start_server()
+        if PolyRole(self.cfg.backend.role) is PolyRole.all:
+            self.clients = local_clients(self.cfg, f"127.0.0.1:{port}", self.token, self.max_message_bytes)
+            self.clients.start()
 
-    def _get_batch(self):
+    def wait(self, timeout: float) -> None:
+        time.sleep(timeout)
+        if self.clients is not None:
+            self.clients.supervise(replace=not self.run.done)
+
+    def next_batch(self):
         items = []
         while len(items) < self.cfg.batch_size:
             if self.run.done:
@@ -182,30 +140,18 @@ class PolyBeast:
                 items.append(self.rollouts.get(timeout=0.2))
             except queue.Empty:
                 continue
-        return to_device(*stack_rollouts(items), self.device)
+        batches = self.inference.take_stats()
+        sizes, seconds = zip(*batches) if batches else ((), ())
+        observed = dict(
+            learner_queue_size=self.rollouts.qsize(),
+            inference_batch_size=round(statistics.fmean(sizes), 2) if sizes else "",
+            inference_ms=round(1000 * statistics.fmean(seconds), 3) if seconds else "",
+            connected_clients=self.pool.connected,
+        )
+        return (*stack_rollouts(items), observed)
 
-    def _learn(self) -> None:
-        torch.set_num_threads(self.cfg.backend.learner_torch_threads or os.cpu_count())  # per thread
-        try:
-            while not self.run.done:
-                got = self._get_batch()
-                if got is None:
-                    return
-                batches = self.inference.take_stats()
-                sizes, seconds = zip(*batches) if batches else ((), ())
-                observed = dict(
-                    learner_queue_size=self.rollouts.qsize(),
-                    inference_batch_size=round(statistics.fmean(sizes), 2) if sizes else "",
-                    inference_ms=round(1000 * statistics.fmean(seconds), 3) if seconds else "",
-                    connected_clients=self.pool.connected,
-                )
-                self.run.update(*got, observed)
-                self._sync_weights()
-        except BaseException as error:  # surfaced by the main thread
-            self._errors.append(error)
-            self.run.stop_requested.set()
-
-    # -- the run -----------------------------------------------------------------------------
+    def progress(self) -> str:
+        return f" Clients {self.pool.connected}, learner queue {self.rollouts.qsize()}."
 
     def _start_server(self) -> tuple[grpc.Server, int]:
         backend = self.cfg.backend
@@ -229,50 +175,19 @@ class PolyBeast:
                  port, TOKEN_ENV_VAR)
         return server, port
 
-    def train(self) -> None:
-        cfg, run, backend = self.cfg, self.run, self.cfg.backend
-        learner = threading.Thread(target=self._learn, name="learner", daemon=True)
-        clients = None
-        with StopOnSignals(run.stop_requested) as run.stopped_by:
-            server, port = self._start_server()
-            try:
-                if PolyRole(backend.role) is PolyRole.all:
-                    clients = LocalClients(cfg, f"127.0.0.1:{port}", self.token, self.max_message_bytes,
-                                           ignore_sigint=True)
-                    clients.start()
-                learner.start()
-                last_log = time.monotonic()
-                while not run.done:
-                    time.sleep(0.2)
-                    if clients is not None:
-                        clients.supervise(training=not run.done)
-                    if time.monotonic() - last_log >= cfg.logger.log_interval_s:
-                        log.info("%s Clients %d, learner queue %d.", run.stats.progress_line(),
-                                 self.pool.connected, self.rollouts.qsize())
-                        last_log = time.monotonic()
-                    run.maybe_checkpoint()
-            finally:
-                run.stop_requested.set()
-                self._shut_down(server, clients)
-                if learner.is_alive():
-                    learner.join()
-                run.save_checkpoint()
-            if self._errors:
-                raise self._errors[0]
-        log.info("Finished: %s", run.stats.progress_line())
-
-    def _shut_down(self, server: grpc.Server, clients: LocalClients | None) -> None:
+    def shut_down(self) -> None:
         """Ends the clients' streams at their next step, then stops serving. Remote clients exit
         only if training is complete; otherwise they wait to reconnect to a restarted learner."""
         complete = self.run.stats.step >= self.cfg.total_steps
-        self.pool.stop(finished=complete or clients is not None)
+        self.pool.stop(finished=complete or self.clients is not None)
         deadline = time.monotonic() + 5.0
         while self.pool.connected and time.monotonic() < deadline:
             time.sleep(0.05)
         self.inference.close()
-        server.stop(grace=1.0).wait()
-        if clients is not None:
-            clients.stop()
+        if self.server is not None:
+            self.server.stop(grace=1.0).wait()
+        if self.clients is not None:
+            self.clients.stop(timeout=10.0)
 
 
 def write_address_file(path, host: str, port: int) -> None:
@@ -294,7 +209,7 @@ def run_env_clients(cfg) -> int:
     token = resolve_token(backend)
     spec = probe_env(cfg.env)
     max_bytes = wire.max_message_bytes(spec.obs_shape, spec.obs_dtype, backend.max_envs_per_client)
-    clients = LocalClients(cfg, backend.address, token, max_bytes, ignore_sigint=True)
+    clients = local_clients(cfg, backend.address, token, max_bytes)
     stop = threading.Event()
     log.info("Starting %d env clients (%d envs each) for the learner at %s.",
              backend.num_actors, backend.envs_per_actor, backend.address)
@@ -303,7 +218,7 @@ def run_env_clients(cfg) -> int:
         try:
             while clients.running and not stop.is_set():
                 time.sleep(0.2)
-                clients.supervise(training=not stop.is_set())
+                clients.supervise(replace=not stop.is_set())
         finally:
             for process in clients.processes.values():
                 if process.is_alive():
