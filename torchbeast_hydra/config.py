@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -97,12 +98,6 @@ class MLPConfig(ModelConfig):
 
 
 @dataclass
-class LossTermConfig:
-    fn: str = MISSING  # module.function: LossInputs -> scalar tensor (see learner.py)
-    cost: float = 1.0  # the term's weight in total_loss
-
-
-@dataclass
 class VtraceConfig:
     discounting: float = 0.99
     baseline_cost: float = 0.5
@@ -110,8 +105,10 @@ class VtraceConfig:
     reward_clipping: RewardClipping = RewardClipping.abs_one
     clip_rho_threshold: Optional[float] = 1.0
     clip_pg_rho_threshold: Optional[float] = 1.0
-    # Your own loss terms, added to IMPALA's: name (ending in _loss, logged as such) -> fn + cost.
-    extra_losses: Dict[str, LossTermConfig] = field(default_factory=dict)
+    # Your own loss terms, added to IMPALA's: name (ending in _loss, logged under it) ->
+    # {fn: module.function (LossInputs -> scalar tensor, see learner.py), cost: its weight}, e.g.
+    # +vtrace.extra_losses.kl_loss={fn:my_losses.kl_to_behaviour,cost:0.1}
+    extra_losses: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -296,6 +293,11 @@ def validate(cfg) -> None:
     for key in ("clip_rho_threshold", "clip_pg_rho_threshold"):
         value = cfg.vtrace[key]
         _check(value is None or value > 0, f"vtrace.{key} must be positive or null (no clipping).")
+    for name, term in cfg.vtrace.extra_losses.items():
+        _check(isinstance(term, Mapping) and set(term) == {"fn", "cost"} and isinstance(term["fn"], str)
+               and isinstance(term["cost"], (int, float)) and not isinstance(term["cost"], bool),
+               f"vtrace.extra_losses.{name} must be {{fn: module.function, cost: a number}}, e.g. "
+               f"+vtrace.extra_losses.{name}={{fn:my_losses.kl_to_behaviour,cost:0.1}}.")
     _check(cfg.optim.learning_rate > 0, f"optim.learning_rate={cfg.optim.learning_rate} must be positive.")
     _check(cfg.optim.epsilon > 0, "optim.epsilon must be positive.")
     _check(cfg.optim.grad_norm_clipping > 0, "optim.grad_norm_clipping must be positive.")

@@ -90,6 +90,8 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
     """One gymnasium env for cfg.id; Atari ids get TorchBeast's preprocessing."""
     spec = find_spec(cfg.id, cfg.imports)
     kwargs = dict(cfg.make_kwargs)
+    if render_mode is not None:  # only when asked: a user's env need not take the argument
+        kwargs["render_mode"] = render_mode
     atari = isinstance(spec.entry_point, str) and spec.entry_point.startswith("ale_py")
     if atari:
         # Frame skipping and max-pooling happen in AtariPreprocessing, so the raw env must not skip.
@@ -99,7 +101,7 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
             full_action_space=cfg.full_action_space,
         )
     try:
-        env = gym.make(spec, render_mode=render_mode, **kwargs)
+        env = gym.make(spec, **kwargs)
     except gym.error.Error as error:
         raise ConfigError(f"could not create env.id={cfg.id!r}: {error}") from None
     except Exception as error:  # e.g. a missing ROM, an unknown keyword, a bug in your env

@@ -82,11 +82,11 @@ def loss_terms(cfg: VtraceConfig) -> dict:
             raise ConfigError(f"vtrace.extra_losses.{name}: name extra terms <something>_loss, "
                               f"other than total_loss and {', '.join(BUILTIN_TERMS)}.")
         try:
-            term = hydra.utils.get_method(extra.fn)
+            term = hydra.utils.get_method(extra["fn"])
         except Exception as error:
-            raise ConfigError(f"vtrace.extra_losses.{name}.fn={extra.fn!r} is not an importable "
+            raise ConfigError(f"vtrace.extra_losses.{name}.fn={extra['fn']!r} is not an importable "
                               f"function (module.function): {error}") from error
-        terms[name] = (term, float(extra.cost))
+        terms[name] = (term, float(extra["cost"]))
     return terms
 
 
