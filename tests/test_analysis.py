@@ -208,8 +208,9 @@ def test_plot_command_writes_the_plots_and_prints_the_table(real_sweep, tmp_path
         assert_real_image(out_dir / name)
     with open(out_dir / "final_returns.csv", newline="") as f:
         table = {row["setting"]: float(row["mean"]) for row in csv.DictReader(f)}
-    expected = statistics.mean(hand_final_return(sweep_job_dir(real_sweep, f"seed={seed}", "optim.learning_rate=0.001"), 20)
-                               for seed in (1, 2))
+    expected = statistics.mean(
+        hand_final_return(sweep_job_dir(real_sweep, f"seed={seed}", "optim.learning_rate=0.001"), 20)
+        for seed in (1, 2))
     assert table["optim.learning_rate=0.001"] == pytest.approx(expected)
 
 

@@ -16,12 +16,12 @@ from torchbeast_hydra.config import (
     EnvConfig,
     MLPConfig,
     MonoConfig,
-    RMSPropConfig,
     RewardClipping,
+    RMSPropConfig,
     VtraceConfig,
 )
 from torchbeast_hydra.envs import EnvSpec
-from torchbeast_hydra.learner import NonFiniteUpdate, Learner, compute_losses
+from torchbeast_hydra.learner import Learner, NonFiniteUpdate, compute_losses
 
 GAMMA, BASELINE_COST, ENTROPY_COST = 0.9, 0.5, 0.01
 
@@ -125,7 +125,8 @@ def by_hand(r0, r1, done1=False, done2=False, clip_rho=1.0, clip_pg_rho=1.0):
         baseline_loss=baseline_loss,
         entropy_loss=entropy_loss,
         total_loss=pg_loss + baseline_loss + entropy_loss,
-        logits_grad=[logits_grad(pi0, a0, adv0, neg_entropy[0]), logits_grad(pi1, a1, adv1, neg_entropy[1]), [0.0, 0.0]],
+        logits_grad=[logits_grad(pi0, a0, adv0, neg_entropy[0]), logits_grad(pi1, a1, adv1, neg_entropy[1]),
+                     [0.0, 0.0]],
         baseline_grad=[-BASELINE_COST * (vs0 - V0), -BASELINE_COST * (vs1 - V1), 0.0],
     )
 

@@ -3,18 +3,16 @@
 import csv
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from torchbeast_hydra import checkpoint
 
-from conftest import TINY, actor_pids, children, rows, run_cli, start_cli, steps, wait_for
+from conftest import TINY, actor_pids, rows, run_cli, start_cli, steps, wait_for
+
+pytestmark = pytest.mark.slow  # end-to-end runs; `make test-fast` leaves them out
 
 
 def test_tiny_run_writes_logs_checkpoint_and_provenance(tiny_run):

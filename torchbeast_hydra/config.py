@@ -8,8 +8,8 @@ types cannot express (ranges, and how values relate to each other).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore

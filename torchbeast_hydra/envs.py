@@ -2,9 +2,11 @@
 
 `make_env` builds one gymnasium env. Your own envs: list the modules that register them in
 `env.imports` (or use gymnasium's `module:EnvId` form for env.id); every process that makes envs
-(the learner's probe, mono actors, poly clients here or on other machines) imports them first. `Environments` steps a few of them in lockstep and reports
-what the actor needs each step as arrays of shape [num_envs, ...], written in place (no per-step
-allocation): frame, reward, done, episode_return, episode_step, last_action, episode_end.
+(the learner's probe, mono actors, poly clients here or on other machines) imports them first.
+
+`Environments` steps a few envs in lockstep and reports what the actor needs each step as arrays
+of shape [num_envs, ...], written in place (no per-step allocation): the rollout layout's env keys
+(layout.py): frame, reward, done, episode_return, episode_step, last_action, episode_end.
 
 Two notions of "end": `done` is what learning sees (a lost life counts when episodic_life is on);
 `episode_end` marks the end of the whole game, where `episode_return` is the full game's return

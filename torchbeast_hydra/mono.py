@@ -29,7 +29,6 @@ from .models import make_model
 from .training import ActorProcesses, Backend, TrainingRun, actor_seed
 
 
-
 def create_buffers(spec: EnvSpec, unroll_length: int, count: int) -> dict:
     """Shared-memory tensors [T+1, count, ...]: indexing dim 1 gathers a time-major batch."""
     buffers = {}

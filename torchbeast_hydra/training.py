@@ -141,13 +141,15 @@ class TrainingRun:
             differ = sorted(set(saved_shapes) ^ set(current_shapes)) or [
                 key for key in saved_shapes if saved_shapes[key] != current_shapes[key]]
             key = differ[0]
-            detail = f"{key}: {list(saved_shapes.get(key, ['absent']))} saved, {list(current_shapes.get(key, ['absent']))} now"
+            before, now = (list(shapes.get(key, ["absent"])) for shapes in (saved_shapes, current_shapes))
+            detail = f"{key}: {before} saved, {now} now"
             raise self._mismatch("model", saved.get("model"), current["model"], f"parameter shapes differ ({detail})")
         for group in ("env", "model"):
             changed = {key: (value, current[group][key]) for key, value in saved.get(group, {}).items()
                        if key in current[group] and value != current[group][key]}
             for key, (before, now) in changed.items():
-                log.warning("Resuming with %s.%s=%s (trained with %s): it does not change shapes.", group, key, now, before)
+                log.warning("Resuming with %s.%s=%s (trained with %s): it does not change shapes.",
+                            group, key, now, before)
 
     def _mismatch(self, group: str, saved, current, why: str) -> checkpoint.CheckpointError:
         return checkpoint.CheckpointError(

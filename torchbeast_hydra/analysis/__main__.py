@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import plots
-from . import runs
+from . import plots, runs
 
 
 def main(argv=None) -> int:
