@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup train test benchmark plot clean slurm-start slurm-stop
+.PHONY: setup train test test-fast lint format benchmark plot clean slurm-start slurm-stop
 
 setup: $(STAMP)
 
@@ -20,11 +20,22 @@ $(STAMP): pyproject.toml
 train: setup
 	$(PY) -m torchbeast_hydra $(ARGS)
 
-test: setup
+test: setup lint  # the whole suite (what CI runs), after the style checks
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+test-fast: setup lint  # the edit loop (about a minute): everything but end-to-end runs and SLURM
+	$(PY) -m pytest -q -m "not slow and not slurm" $(PYTEST_ARGS)
+
+lint: setup  # ruff, configured in pyproject.toml; `make format` fixes what it can
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: setup
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
 plot: setup  # make plot ARGS=outputs/multirun/DATE/TIME (default: the newest run or sweep)
-	$(PY) -m torchbeast_hydra.plot $(ARGS)
+	$(PY) -m torchbeast_hydra.analysis $(ARGS)
 
 benchmark: setup
 	$(PY) benchmarks/throughput.py $(ARGS)

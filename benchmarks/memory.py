@@ -62,7 +62,8 @@ from hydra import compose, initialize_config_dir
 from torchbeast_hydra import memory
 from torchbeast_hydra.__main__ import CONFIG_DIR
 from torchbeast_hydra.envs import probe_env
-from torchbeast_hydra.learner import Learner, rollout_specs
+from torchbeast_hydra.layout import rollout_specs
+from torchbeast_hydra.learner import Learner
 from torchbeast_hydra.models import make_model
 with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
     cfg = compose("config", sys.argv[1:])

@@ -17,7 +17,8 @@ import yaml
 from matplotlib.image import imread
 from nbclient import NotebookClient
 
-from torchbeast_hydra import analysis, plots
+from torchbeast_hydra import analysis
+from torchbeast_hydra.analysis import plots
 from torchbeast_hydra.metrics import CSV_FIELDS
 
 from conftest import TINY, run_cli, sweep_job_dir
@@ -197,7 +198,7 @@ def test_notebook_runs_headless_on_a_sweep_and_writes_its_plots(real_sweep, tmp_
 @pytest.mark.slow
 def test_plot_command_writes_the_plots_and_prints_the_table(real_sweep, tmp_path):
     out_dir = tmp_path / "cli"
-    result = subprocess.run([sys.executable, "-m", "torchbeast_hydra.plot", str(real_sweep),
+    result = subprocess.run([sys.executable, "-m", "torchbeast_hydra.analysis", str(real_sweep),
                              "--out", str(out_dir), "--last-n", "20"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -207,12 +208,13 @@ def test_plot_command_writes_the_plots_and_prints_the_table(real_sweep, tmp_path
         assert_real_image(out_dir / name)
     with open(out_dir / "final_returns.csv", newline="") as f:
         table = {row["setting"]: float(row["mean"]) for row in csv.DictReader(f)}
-    expected = statistics.mean(hand_final_return(sweep_job_dir(real_sweep, f"seed={seed}", "optim.learning_rate=0.001"), 20)
-                               for seed in (1, 2))
+    expected = statistics.mean(
+        hand_final_return(sweep_job_dir(real_sweep, f"seed={seed}", "optim.learning_rate=0.001"), 20)
+        for seed in (1, 2))
     assert table["optim.learning_rate=0.001"] == pytest.approx(expected)
 
 
 def test_plot_command_without_runs_fails_clearly(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "torchbeast_hydra.plot", str(tmp_path)],
+    result = subprocess.run([sys.executable, "-m", "torchbeast_hydra.analysis", str(tmp_path)],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "no runs" in result.stderr

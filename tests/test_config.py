@@ -2,7 +2,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from torchbeast_hydra.config import ConfigError, ModelName, OptimName, PolyRole, num_buffers, to_plain_dict, validate
+from torchbeast_hydra.config import ConfigError, OptimName, PolyRole, num_buffers, to_plain_dict, validate
 
 from conftest import compose_config, run_cli
 
@@ -12,7 +12,7 @@ def test_defaults_are_the_ones_that_learn_pong():
     cfg = compose_config()
     validate(cfg)
     assert cfg.env.id == "ALE/Pong-v5"
-    assert cfg.model.name is ModelName.atari_net and not cfg.model.use_lstm
+    assert cfg.model._target_.endswith("AtariNetBody") and not cfg.model.use_lstm
     assert (cfg.backend.name, cfg.batch_size, cfg.unroll_length) == ("mono", 8, 20)
     assert cfg.optim.name is OptimName.rmsprop
     assert (cfg.optim.learning_rate, cfg.optim.epsilon, cfg.optim.alpha) == (0.0006, 0.01, 0.99)
@@ -43,7 +43,7 @@ def test_experiment_presets_override_defaults(overrides, expected):
 
 def test_impala_preset_uses_deep_lstm_net():
     cfg = compose_config(["experiment=impala_atari"])
-    assert cfg.model.name is ModelName.resnet and cfg.model.use_lstm
+    assert cfg.model._target_.endswith("ResNetBody") and cfg.model.use_lstm
     assert cfg.vtrace.entropy_cost == 0.01
 
 
@@ -64,7 +64,7 @@ def test_unknown_keys_fail_at_composition(override):
         compose_config([override])
 
 
-@pytest.mark.parametrize("override", ["batch_size=abc", "model.name=transformer", "optim.name=sgd",
+@pytest.mark.parametrize("override", ["batch_size=abc", "model.output_size=big", "optim.name=sgd",
                                       "model.use_lstm=maybe", "seed=1.5"])
 def test_wrong_types_fail_at_composition(override):
     with pytest.raises((ConfigCompositionException, ValidationError)):

@@ -1,7 +1,6 @@
 """Faults injected into real runs: killed processes, a full disk, non-finite updates, a learner
 restarted under its clients, many clients at once. Each asserts what a user would rely on."""
 
-import os
 import random
 import signal
 import subprocess

@@ -13,16 +13,16 @@ from omegaconf import OmegaConf
 from torchbeast_hydra import models
 from torchbeast_hydra.config import (
     Config,
+    ConfigError,
     EnvConfig,
-    ModelConfig,
-    ModelName,
+    MLPConfig,
     MonoConfig,
-    OptimConfig,
     RewardClipping,
+    RMSPropConfig,
     VtraceConfig,
 )
 from torchbeast_hydra.envs import EnvSpec
-from torchbeast_hydra.learner import NonFiniteUpdate, Learner, compute_losses
+from torchbeast_hydra.learner import Learner, NonFiniteUpdate, compute_losses
 
 GAMMA, BASELINE_COST, ENTROPY_COST = 0.9, 0.5, 0.01
 
@@ -126,7 +126,8 @@ def by_hand(r0, r1, done1=False, done2=False, clip_rho=1.0, clip_pg_rho=1.0):
         baseline_loss=baseline_loss,
         entropy_loss=entropy_loss,
         total_loss=pg_loss + baseline_loss + entropy_loss,
-        logits_grad=[logits_grad(pi0, a0, adv0, neg_entropy[0]), logits_grad(pi1, a1, adv1, neg_entropy[1]), [0.0, 0.0]],
+        logits_grad=[logits_grad(pi0, a0, adv0, neg_entropy[0]), logits_grad(pi1, a1, adv1, neg_entropy[1]),
+                     [0.0, 0.0]],
         baseline_grad=[-BASELINE_COST * (vs0 - V0), -BASELINE_COST * (vs1 - V1), 0.0],
     )
 
@@ -325,9 +326,9 @@ SPEC = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype("float32"), num_actions=2)
 def learner_cfg(batch_size=2, unroll_length=3, total_steps=24, anneal_lr=True, use_lstm=False):
     cfg = OmegaConf.structured(Config)
     cfg.env = OmegaConf.structured(EnvConfig)
-    cfg.model = OmegaConf.structured(ModelConfig(name=ModelName.mlp, use_lstm=use_lstm, hidden_sizes=[8]))
+    cfg.model = OmegaConf.structured(MLPConfig(use_lstm=use_lstm, hidden_sizes=[8]))
     cfg.vtrace = OmegaConf.structured(VtraceConfig)
-    cfg.optim = OmegaConf.structured(OptimConfig(learning_rate=0.01, anneal_lr=anneal_lr))
+    cfg.optim = OmegaConf.structured(RMSPropConfig(learning_rate=0.01, anneal_lr=anneal_lr))
     cfg.backend = OmegaConf.structured(MonoConfig)
     cfg.batch_size = batch_size
     cfg.unroll_length = unroll_length
@@ -461,3 +462,33 @@ def test_non_finite_update_stops_when_asked_and_leaves_the_weights():
     with pytest.raises(NonFiniteUpdate, match="optim.on_nonfinite=skip"):
         learner.update(batch, ())
     assert all(torch.equal(b, a) for b, a in zip(before, params_of(learner)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss terms: a dict of named terms, each times its cost, summed into total_loss.
+# ---------------------------------------------------------------------------------------------
+
+
+def l2_on_logits(inputs):  # an extra term, as a user would write it (vtrace.extra_losses)
+    return (inputs.outputs["policy_logits"] ** 2 * inputs.mask.unsqueeze(-1)).sum()
+
+
+def test_extra_loss_term_is_added_with_its_cost_and_reported_by_name():
+    plain = compute_losses(vtrace_cfg(), tiny_batch(), tiny_outputs())
+    cfg = vtrace_cfg(extra_losses={"l2_loss": dict(fn=f"{__name__}.l2_on_logits", cost=0.5)})
+    losses = compute_losses(cfg, tiny_batch(), tiny_outputs())
+    expected_l2 = 0.5 * sum(x * x for row in LEARNER_LOGITS[:2] for x in row)
+    assert losses["l2_loss"].item() == pytest.approx(expected_l2)
+    for name in ("pg_loss", "baseline_loss", "entropy_loss"):
+        assert losses[name].item() == pytest.approx(plain[name].item())
+    assert losses["total_loss"].item() == pytest.approx(plain["total_loss"].item() + expected_l2)
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"l2_loss": dict(fn="no_such_module.fn", cost=1.0)}, "not an importable function"),
+    ({"pg_loss": dict(fn=f"{__name__}.l2_on_logits", cost=1.0)}, "name extra terms"),
+    ({"l2": dict(fn=f"{__name__}.l2_on_logits", cost=1.0)}, "name extra terms"),
+])
+def test_bad_extra_loss_terms_are_refused_clearly(extra, message):
+    with pytest.raises(ConfigError, match=message):
+        compute_losses(vtrace_cfg(extra_losses=extra), tiny_batch(), tiny_outputs())

@@ -3,18 +3,16 @@
 import csv
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from torchbeast_hydra import checkpoint
 
-from conftest import TINY, actor_pids, children, rows, run_cli, start_cli, steps, wait_for
+from conftest import TINY, actor_pids, rows, run_cli, start_cli, steps, wait_for
+
+pytestmark = pytest.mark.slow  # end-to-end runs; `make test-fast` leaves them out
 
 
 def test_tiny_run_writes_logs_checkpoint_and_provenance(tiny_run):
@@ -166,3 +164,23 @@ def test_gather_copies_the_chosen_buffers_in_time_major_order():
     assert torch.equal(batch, buffers[:, [4, 1]])
     batch[0, 0, 0] = -1  # a copy: the shared buffer is free to be refilled
     assert buffers[0, 4, 0] == 8
+
+
+def test_resume_survives_config_fields_added_since(tiny_run):
+    """A checkpoint from older code, whose saved config lacks fields added since, still resumes."""
+    path = checkpoint.path_in(tiny_run)
+    state = checkpoint.load(path)
+    for group, key in (("model", "lstm_layers"), ("env", "imports"), ("vtrace", "extra_losses")):
+        del state["config"][group][key]
+    del state["env"]  # older checkpoints did not record the env's spaces either
+    checkpoint.save(path, state)
+    result = run_cli(tiny_run, *TINY, "total_steps=3200", "env.sticky_action_prob=0.5")
+    assert "Resuming from" in (tiny_run / "torchbeast.log").read_text()
+    assert steps(tiny_run)[-1] == 3200
+    assert "env.sticky_action_prob=0.5" in result.stdout + result.stderr  # said, not refused
+
+
+def test_resume_in_another_env_with_the_same_spaces_is_refused(tiny_run):
+    result = run_cli(tiny_run, *TINY, "env.id=CartPole-v0", check=False)
+    assert result.returncode == 2
+    assert "trained with env=" in result.stdout + result.stderr

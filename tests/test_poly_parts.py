@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 
 from torchbeast_hydra.config import VtraceConfig
 from torchbeast_hydra.envs import EnvSpec
-from torchbeast_hydra.learner import compute_losses, rollout_specs
+from torchbeast_hydra.layout import rollout_specs
+from torchbeast_hydra.learner import compute_losses
 from torchbeast_hydra.poly import wire
 from torchbeast_hydra.poly.batcher import BatcherClosed, DynamicBatcher
 from torchbeast_hydra.poly.rollouts import RolloutBuilder, RolloutQueue, stack_rollouts

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from test_sweeps import JOB, check_job_dirs, job_dir_name
 
 from torchbeast_hydra import checkpoint
 
 from conftest import REPO, rows, run_sweep, steps, wait_for
-from test_sweeps import JOB, check_job_dirs, job_dir_name
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -37,7 +37,7 @@ def finish(process, timeout):
     except subprocess.TimeoutExpired:
         process.kill()
         output, _ = process.communicate()
-        raise AssertionError(f"the sweep did not finish in {timeout} s:\n{output}")
+        raise AssertionError(f"the sweep did not finish in {timeout} s:\n{output}") from None
     return process.returncode, output
 
 

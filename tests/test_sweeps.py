@@ -59,7 +59,8 @@ def test_submitit_local_sweep_runs_jobs_in_parallel(tmp_path):
                        "hydra.launcher.timeout_min=5", timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     check_job_dirs(sweep, [job_dir_name("total_steps=2048", f"seed={s}") for s in (1, 2)])
-    starts = [(sweep / job_dir_name("total_steps=2048", f"seed={s}") / ".hydra" / "config.yaml").stat().st_mtime for s in (1, 2)]
+    starts = [(sweep / job_dir_name("total_steps=2048", f"seed={s}") / ".hydra" / "config.yaml").stat().st_mtime
+              for s in (1, 2)]
     ends = [(sweep / job_dir_name("total_steps=2048", f"seed={s}") / "logs.csv").stat().st_mtime for s in (1, 2)]
     assert max(starts) < min(ends), "the two jobs overlapped in time"
 

@@ -58,7 +58,7 @@ def test_offline_run_logs_every_csv_field_against_step_with_the_config(offline_r
     # The resolved config.
     assert run["config"]["seed"] == 3 and run["config"]["env"]["id"] == "CartPole-v1"
     assert run["config"]["logger"]["wandb"]["mode"] == "offline"
-    assert run["config"]["model"]["name"] == "mlp"
+    assert run["config"]["model"]["_target_"] == "torchbeast_hydra.models.MLPBody"
     # `step` is the x-axis of everything.
     assert any(m.glob_name == "*" and m.step_metric == "step" for m in run["metrics"])
     # One history row per logs.csv row, with every numeric field and the same values.

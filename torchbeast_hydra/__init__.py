@@ -1,3 +1,20 @@
-"""torchbeast_hydra: IMPALA (V-trace actor-critic) after TorchBeast, as a Hydra-configured harness."""
+"""torchbeast_hydra: IMPALA (V-trace actor-critic) after TorchBeast, as a Hydra-configured harness.
+
+Reading order, following the data:
+
+1. envs.py      an env (any gymnasium id; Atari preprocessed) and a few stepped in lockstep
+   layout.py    the rollout layout: every key a rollout holds, with its shape and dtype
+2. models.py    the policy: a body (obs -> features) on the shared actor-critic core
+   mono.py      the actors of MonoBeast: processes that act and fill shared-memory rollouts
+   poly/        the actors of PolyBeast: env clients, the ActorPool server, central inference
+3. training.py  the run both backends share: training loop, learner threads, actor supervision,
+                seeding, resume, checkpoints, stats
+   learner.py   the learning math: named loss terms, one optimisation step
+4. vtrace.py    V-trace targets (the IMPALA paper's reference API)
+
+Around them: config.py (typed configs), __main__.py (the command), checkpoint.py, metrics.py and
+wandb_log.py (where stats go), evaluate.py (mode=test), launch.py (sweeps and SLURM), analysis/
+(runs into pandas, plots, the plot command).
+"""
 
 __version__ = "0.1.0"

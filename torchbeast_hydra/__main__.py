@@ -128,7 +128,7 @@ def run(cfg: DictConfig) -> float:
     write_run_info(run_dir)
 
     if cfg.backend.name == "poly":
-        from .poly import learner as backend
+        from .poly import backend
 
         if PolyRole(cfg.backend.role) is PolyRole.env:  # env clients only: no learner, no run state
             sys.exit(backend.run_env_clients(cfg))
@@ -153,6 +153,9 @@ def main(cfg: DictConfig) -> float:
         return run(cfg)
     except (ConfigError, CheckpointError) as error:  # before training: nothing to save
         log.error("error: %s", error)
+        cause = error.__cause__
+        if cause is not None:  # e.g. a bug in a user's env: its traceback, after the one clear line
+            log.error("caused by:", exc_info=(type(cause), cause, cause.__traceback__))
         sys.exit(2)
     except (NonFiniteUpdate, RunDirError) as error:  # the backend saved the last good state first
         log.error("error: %s", error)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
@@ -23,12 +24,6 @@ class ConfigError(ValueError):
 class Mode(enum.Enum):
     train = "train"
     test = "test"
-
-
-class ModelName(enum.Enum):
-    atari_net = "atari_net"  # TorchBeast's shallow network
-    resnet = "resnet"  # the IMPALA paper's deep network
-    mlp = "mlp"  # for vector observations
 
 
 class OptimName(enum.Enum):
@@ -48,7 +43,9 @@ class RewardClipping(enum.Enum):
 
 @dataclass
 class EnvConfig:
-    id: str = "ALE/Pong-v5"
+    id: str = "ALE/Pong-v5"  # any gymnasium id, also gymnasium's "module:EnvId" form
+    # Modules to import before making envs, in every process that makes them: your gym.register calls.
+    imports: List[str] = field(default_factory=list)
     # Atari preprocessing (grayscale frames), as TorchBeast used it; ignored for non-Atari ids.
     noop_max: int = 30
     frame_skip: int = 4
@@ -64,9 +61,40 @@ class EnvConfig:
 
 @dataclass
 class ModelConfig:
-    name: ModelName = ModelName.atari_net
+    """What every model has: its body class (built by Hydra's instantiate, with obs_shape and the
+    body's own fields beside these as keyword arguments) and the shared actor-critic core's options
+    (models.ActorCritic). A model's YAML file extends its own schema below, or `base_model` plus
+    nothing; a user's model YAML may list its fields without a schema: they are checked against
+    the body's constructor before anything starts (models.make_model)."""
+
+    _target_: str = MISSING  # the body class, e.g. my_pkg.models.MyBody
     use_lstm: bool = False
-    # mlp only: sizes of the hidden layers.
+    lstm_layers: int = 1
+
+
+@dataclass
+class AtariNetConfig(ModelConfig):
+    """TorchBeast's shallow network."""
+
+    _target_: str = "torchbeast_hydra.models.AtariNetBody"
+    lstm_layers: int = 2  # as in TorchBeast
+    output_size: int = 512
+
+
+@dataclass
+class ResNetConfig(ModelConfig):
+    """The IMPALA paper's deep network."""
+
+    _target_: str = "torchbeast_hydra.models.ResNetBody"
+    channels: List[int] = field(default_factory=lambda: [16, 32, 32])
+    output_size: int = 256
+
+
+@dataclass
+class MLPConfig(ModelConfig):
+    """A multilayer perceptron for vector observations."""
+
+    _target_: str = "torchbeast_hydra.models.MLPBody"
     hidden_sizes: List[int] = field(default_factory=lambda: [64, 64])
 
 
@@ -78,19 +106,37 @@ class VtraceConfig:
     reward_clipping: RewardClipping = RewardClipping.abs_one
     clip_rho_threshold: Optional[float] = 1.0
     clip_pg_rho_threshold: Optional[float] = 1.0
+    # Your own loss terms, added to IMPALA's: name (ending in _loss, logged under it) ->
+    # {fn: module.function (LossInputs -> scalar tensor, see learner.py), cost: its weight}, e.g.
+    # +vtrace.extra_losses.kl_loss={fn:my_losses.kl_to_behaviour,cost:0.1}
+    extra_losses: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class OptimConfig:
-    name: OptimName = OptimName.rmsprop
+    """What every optimiser has; each has its own schema below, so a config shows only its fields."""
+
+    name: OptimName = MISSING
     learning_rate: float = 0.0006
     epsilon: float = 0.01
-    alpha: float = 0.99  # rmsprop smoothing constant
-    momentum: float = 0.0  # rmsprop
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # adam
     grad_norm_clipping: float = 40.0
     anneal_lr: bool = True  # linearly to zero at total_steps
     on_nonfinite: OnNonFinite = OnNonFinite.skip  # a NaN/inf loss or gradient
+
+
+@dataclass
+class RMSPropConfig(OptimConfig):
+    name: OptimName = OptimName.rmsprop
+    alpha: float = 0.99  # smoothing constant
+    momentum: float = 0.0
+
+
+@dataclass
+class AdamConfig(OptimConfig):
+    name: OptimName = OptimName.adam
+    learning_rate: float = 0.0003
+    epsilon: float = 1e-8
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
 
 
 @dataclass
@@ -184,9 +230,9 @@ class TestConfig:
 @dataclass
 class Config:
     env: EnvConfig = MISSING
-    model: ModelConfig = MISSING
+    model: Any = MISSING  # a ModelConfig: each model has its own schema (or, for yours, none)
     vtrace: VtraceConfig = MISSING
-    optim: OptimConfig = MISSING
+    optim: Any = MISSING  # an OptimConfig subclass: RMSPropConfig or AdamConfig
     backend: Any = MISSING
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     test: TestConfig = field(default_factory=TestConfig)
@@ -208,8 +254,12 @@ def register_configs() -> None:
     cs.store(name="base_config", node=Config)
     cs.store(group="env", name="base_env", node=EnvConfig)
     cs.store(group="model", name="base_model", node=ModelConfig)
+    cs.store(group="model", name="base_atari_net", node=AtariNetConfig)
+    cs.store(group="model", name="base_resnet", node=ResNetConfig)
+    cs.store(group="model", name="base_mlp", node=MLPConfig)
     cs.store(group="vtrace", name="base_vtrace", node=VtraceConfig)
-    cs.store(group="optim", name="base_optim", node=OptimConfig)
+    cs.store(group="optim", name="base_rmsprop", node=RMSPropConfig)
+    cs.store(group="optim", name="base_adam", node=AdamConfig)
     cs.store(group="backend", name="base_mono", node=MonoConfig)
     cs.store(group="backend", name="base_poly", node=PolyConfig)
 
@@ -291,11 +341,19 @@ def validate(cfg) -> None:
     for key in ("clip_rho_threshold", "clip_pg_rho_threshold"):
         value = cfg.vtrace[key]
         _check(value is None or value > 0, f"vtrace.{key} must be positive or null (no clipping).")
+    for name, term in cfg.vtrace.extra_losses.items():
+        _check(isinstance(term, Mapping) and set(term) == {"fn", "cost"} and isinstance(term["fn"], str)
+               and isinstance(term["cost"], (int, float)) and not isinstance(term["cost"], bool),
+               f"vtrace.extra_losses.{name} must be {{fn: module.function, cost: a number}}, e.g. "
+               f"+vtrace.extra_losses.{name}={{fn:my_losses.kl_to_behaviour,cost:0.1}}.")
     _check(cfg.optim.learning_rate > 0, f"optim.learning_rate={cfg.optim.learning_rate} must be positive.")
     _check(cfg.optim.epsilon > 0, "optim.epsilon must be positive.")
     _check(cfg.optim.grad_norm_clipping > 0, "optim.grad_norm_clipping must be positive.")
-    _check(len(cfg.optim.betas) == 2, "optim.betas must have two values, e.g. [0.9,0.999].")
-    _check(len(cfg.model.hidden_sizes) >= 1, "model.hidden_sizes needs at least one layer.")
+    if OptimName(cfg.optim.name) is OptimName.adam:
+        _check(len(cfg.optim.betas) == 2, "optim.betas must have two values, e.g. [0.9,0.999].")
+    _check(bool(cfg.model.get("_target_")), "model._target_ must name the model's body class, "
+           "e.g. model._target_=my_pkg.models.MyBody (see the README's Extending section).")
+    _check(cfg.model.get("lstm_layers", 1) >= 1, "model.lstm_layers must be at least 1.")
     _check(cfg.env.frame_stack >= 1 and cfg.env.frame_skip >= 1, "env.frame_stack and env.frame_skip must be >= 1.")
     _check(0.0 <= cfg.env.sticky_action_prob <= 1.0, "env.sticky_action_prob must be in [0, 1].")
     _check(cfg.env.noop_max >= 0, "env.noop_max must be >= 0.")

@@ -1,8 +1,12 @@
 """Environments: any gymnasium id, with TorchBeast's Atari preprocessing for ALE games.
 
-`make_env` builds one gymnasium env. `Environments` steps a few of them in lockstep and reports
-what the actor needs each step as arrays of shape [num_envs, ...], written in place (no per-step
-allocation): frame, reward, done, episode_return, episode_step, last_action, episode_end.
+`make_env` builds one gymnasium env. Your own envs: list the modules that register them in
+`env.imports` (or use gymnasium's `module:EnvId` form for env.id); every process that makes envs
+(the learner's probe, mono actors, poly clients here or on other machines) imports them first.
+
+`Environments` steps a few envs in lockstep and reports what the actor needs each step as arrays
+of shape [num_envs, ...], written in place (no per-step allocation): the rollout layout's env keys
+(layout.py): frame, reward, done, episode_return, episode_step, last_action, episode_end.
 
 Two notions of "end": `done` is what learning sees (a lost life counts when episodic_life is on);
 `episode_end` marks the end of the whole game, where `episode_return` is the full game's return
@@ -12,11 +16,13 @@ Two notions of "end": `done` is what learning sees (a lost life counts when epis
 from __future__ import annotations
 
 import difflib
+import importlib
 from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 
+from . import layout
 from .config import ConfigError, EnvConfig
 
 
@@ -32,8 +38,32 @@ def _register_ale() -> None:
 _register_ale()
 
 
-def is_atari(env_id: str) -> bool:
-    spec = gym.spec(env_id)
+def import_modules(modules, what: str = "env.imports") -> None:
+    """Imports the modules that register a user's envs (their gym.register calls run once)."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ConfigError(
+                f"{what}: cannot import {module!r} ({error}). Install it in this environment or put "
+                "its directory on PYTHONPATH (on every machine that runs env clients)."
+            ) from error
+
+
+def find_spec(env_id: str, imports=()) -> gym.envs.registration.EnvSpec:
+    """The registered spec of env_id, after importing `imports` and, for "module:EnvId", module."""
+    import_modules(imports)
+    module, sep, name = env_id.rpartition(":")
+    if sep:
+        import_modules([module], what=f"env.id={env_id!r}")
+    try:
+        return gym.spec(name)
+    except gym.error.Error as error:
+        raise _unknown_env_error(name, error) from None
+
+
+def is_atari(env_id: str, imports=()) -> bool:
+    spec = find_spec(env_id, imports)
     return isinstance(spec.entry_point, str) and spec.entry_point.startswith("ale_py")
 
 
@@ -42,6 +72,7 @@ def _unknown_env_error(env_id: str, error: Exception) -> ConfigError:
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     return ConfigError(
         f"env.id={env_id!r} is not a registered gymnasium environment ({error}).{hint} "
+        "Your own envs: list the modules that register them in env.imports, or use env.id=module:EnvId. "
         "List ids with: python -c 'import gymnasium, ale_py; gymnasium.pprint_registry()'"
     )
 
@@ -59,12 +90,11 @@ class FireOnReset(gym.Wrapper):
 
 def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
     """One gymnasium env for cfg.id; Atari ids get TorchBeast's preprocessing."""
-    try:
-        spec = gym.spec(cfg.id)
-    except gym.error.Error as error:
-        raise _unknown_env_error(cfg.id, error) from None
+    spec = find_spec(cfg.id, cfg.imports)
     kwargs = dict(cfg.make_kwargs)
-    atari = is_atari(cfg.id)
+    if render_mode is not None:  # only when asked: a user's env need not take the argument
+        kwargs["render_mode"] = render_mode
+    atari = isinstance(spec.entry_point, str) and spec.entry_point.startswith("ale_py")
     if atari:
         # Frame skipping and max-pooling happen in AtariPreprocessing, so the raw env must not skip.
         kwargs.update(
@@ -73,14 +103,15 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
             full_action_space=cfg.full_action_space,
         )
     try:
-        env = gym.make(spec, render_mode=render_mode, **kwargs)
+        env = gym.make(spec, **kwargs)
     except gym.error.Error as error:
         raise ConfigError(f"could not create env.id={cfg.id!r}: {error}") from None
-    except Exception as error:  # e.g. a missing ROM or an unknown keyword
+    except Exception as error:  # e.g. a missing ROM, an unknown keyword, a bug in your env
+        # Chained, so that the error's traceback (inside your env, say) follows this line in the log.
         raise ConfigError(
             f"could not create env.id={cfg.id!r}: {type(error).__name__}: {error}. "
-            "Check env.id and env.make_kwargs; Atari ROMs ship with ale-py>=0.9."
-        ) from None
+            "Check env.id and env.make_kwargs (the traceback follows); Atari ROMs ship with ale-py>=0.9."
+        ) from error
     if atari:
         env = gym.wrappers.AtariPreprocessing(
             env,
@@ -138,22 +169,17 @@ class Environments:
         self.envs = [make_env(cfg, render_mode) for _ in range(num_envs)]
         self.spec = env_spec(self.envs[0], cfg.id)
         self.seeds = [seed + i for i in range(num_envs)]
-        self.episodic_life = episodic_life and is_atari(cfg.id)
+        self.episodic_life = episodic_life and is_atari(cfg.id, cfg.imports)
         self.fire_after_life_loss = (
             self.episodic_life
             and cfg.fire_reset
             and "FIRE" in self.envs[0].unwrapped.get_action_meanings()
         )
         n = num_envs
-        self.out = {
-            "frame": np.zeros((n, *self.spec.obs_shape), self.spec.obs_dtype),
-            "reward": np.zeros(n, np.float32),
-            "done": np.ones(n, bool),
-            "episode_return": np.zeros(n, np.float32),
-            "episode_step": np.zeros(n, np.int32),
-            "last_action": np.zeros(n, np.int64),
-            "episode_end": np.zeros(n, bool),
-        }
+        # The rollout layout's env keys (layout.py), one row per env.
+        self.out = {key: np.zeros((n, *shape), dtype)
+                    for key, (shape, dtype) in layout.numpy_specs(self.spec, layout.ENV).items()}
+        self.out["done"][:] = True
         self._return = np.zeros(n, np.float32)
         self._steps = np.zeros(n, np.int32)
         self._lives = np.zeros(n, np.int64)

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from . import checkpoint
 from .config import ConfigError, EnvConfig
 from .envs import Environments, is_atari
-from .models import make_model
+from .models import make_model, saved_model_config
 from .wandb_log import WandbLog
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ def evaluate(cfg, run_dir: Path) -> dict:
     state = checkpoint.load(checkpoint.path_in(run_dir))
     env_cfg = eval_env_config(cfg, state)
     # The trained run's model, whatever this invocation's defaults say.
-    model_cfg = OmegaConf.merge(cfg.model, state["config"]["model"])
+    model_cfg = saved_model_config(state["config"]["model"])
     record = cfg.test.record_video
     # Life losses as in training: FIRE after one where the game needs it, and `done` for the model.
     envs = Environments(env_cfg, 1, seed=cfg.seed, episodic_life=env_cfg.episodic_life,

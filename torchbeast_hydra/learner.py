@@ -5,53 +5,105 @@ the previous unroll. Row t+1 holds the env's response (frame, reward, done) to t
 at row t, together with that action and the behaviour policy's logits; so the learning math uses
 rows 1..T of the batch against the learner's outputs for rows 0..T-1, and the learner's value at
 row T bootstraps the return. `mask` (rows 1..T) marks real steps; partial rollouts are padded.
+
+The loss is a dict of named terms (pg_loss, baseline_loss, entropy_loss, and yours from
+vtrace.extra_losses), each a function of `LossInputs` times its cost; the learner sums them and
+logs each one.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
+from typing import Callable
 
-import numpy as np
+import hydra
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from . import vtrace
-from .config import OnNonFinite, OptimConfig, OptimName, RewardClipping, VtraceConfig
-from .envs import EnvSpec
+from .config import ConfigError, OnNonFinite, OptimConfig, OptimName, RewardClipping, VtraceConfig
 
 log = logging.getLogger(__name__)
 
 
-# The rollout keys an env produces, and those the acting policy adds to the same row.
-ENV_KEYS = ("frame", "reward", "done", "episode_return", "episode_step", "last_action", "episode_end")
-AGENT_KEYS = ("action", "policy_logits", "baseline")
+@dataclass
+class LossInputs:
+    """What a loss term sees: the batch's steps, the learner's outputs on them, the V-trace targets.
 
-
-def rollout_specs(spec: EnvSpec) -> dict:
-    """The rollout layout shared by both backends: key -> (per-step shape, dtype)."""
-    return dict(
-        frame=(spec.obs_shape, torch.from_numpy(np.zeros(0, spec.obs_dtype)).dtype),
-        reward=((), torch.float32),
-        done=((), torch.bool),
-        episode_return=((), torch.float32),
-        episode_step=((), torch.int32),
-        last_action=((), torch.int64),
-        episode_end=((), torch.bool),
-        action=((), torch.int64),
-        policy_logits=((spec.num_actions,), torch.float32),
-        baseline=((), torch.float32),
-        mask=((), torch.bool),
-    )
-
-
-def compute_losses(cfg: VtraceConfig, batch: dict, outputs: dict) -> dict:
-    """IMPALA's losses, summed over time and batch as in TorchBeast.
-
-    batch: the rollouts [T+1, B, ...]; outputs: the learner's forward pass over them.
-    Returns total_loss (to differentiate) and its parts.
+    steps: the batch's rows 1..T ([T, B, ...]: reward, done, action, the behaviour policy's
+    policy_logits, ...); outputs: the learner's forward pass on rows 0..T-1 (policy_logits,
+    baseline) and bootstrap_value its baseline at row T; rewards: clipped as configured;
+    mask: 1.0 on real steps, 0.0 on padding (multiply every per-step term by it).
     """
+
+    cfg: VtraceConfig
+    steps: dict
+    outputs: dict
+    bootstrap_value: torch.Tensor
+    rewards: torch.Tensor
+    mask: torch.Tensor
+    targets: vtrace.VTraceReturns
+
+
+# A loss term: LossInputs -> a scalar tensor (summed over time and batch, as in TorchBeast).
+LossTerm = Callable[[LossInputs], torch.Tensor]
+
+
+def policy_gradient_term(inputs: LossInputs) -> torch.Tensor:
+    return policy_gradient_loss(inputs.outputs["policy_logits"], inputs.steps["action"],
+                                inputs.targets.pg_advantages, inputs.mask)
+
+
+def baseline_term(inputs: LossInputs) -> torch.Tensor:
+    return 0.5 * (((inputs.targets.vs - inputs.outputs["baseline"]) ** 2) * inputs.mask).sum()
+
+
+def entropy_term(inputs: LossInputs) -> torch.Tensor:
+    return negative_entropy(inputs.outputs["policy_logits"], inputs.mask)
+
+
+# IMPALA's terms: name -> (term, the vtrace config field holding its cost; None: cost 1).
+BUILTIN_TERMS = {
+    "pg_loss": (policy_gradient_term, None),
+    "baseline_loss": (baseline_term, "baseline_cost"),
+    "entropy_loss": (entropy_term, "entropy_cost"),
+}
+
+
+def loss_terms(cfg: VtraceConfig) -> dict:
+    """name -> (term, cost): IMPALA's terms, then vtrace.extra_losses (yours, by import path)."""
+    terms = {name: (term, 1.0 if field is None else getattr(cfg, field))
+             for name, (term, field) in BUILTIN_TERMS.items()}
+    for name, extra in (getattr(cfg, "extra_losses", None) or {}).items():
+        if name in terms or name == "total_loss" or not name.endswith("_loss"):
+            raise ConfigError(f"vtrace.extra_losses.{name}: name extra terms <something>_loss, "
+                              f"other than total_loss and {', '.join(BUILTIN_TERMS)}.")
+        try:
+            term = hydra.utils.get_method(extra["fn"])
+        except Exception as error:
+            raise ConfigError(f"vtrace.extra_losses.{name}.fn={extra['fn']!r} is not an importable "
+                              f"function (module.function): {error}") from error
+        terms[name] = (term, float(extra["cost"]))
+    return terms
+
+
+def compute_losses(cfg: VtraceConfig, batch: dict, outputs: dict, terms: dict | None = None) -> dict:
+    """The loss terms (each times its cost) and their sum, total_loss (to differentiate).
+
+    batch: the rollouts [T+1, B, ...]; outputs: the learner's forward pass over them; terms:
+    loss_terms(cfg), resolved once by the caller (default: resolved here).
+    """
+    inputs = loss_inputs(cfg, batch, outputs)
+    terms = loss_terms(cfg) if terms is None else terms
+    losses = {name: cost * term(inputs) for name, (term, cost) in terms.items()}
+    return dict(total_loss=sum(losses.values()), **losses)
+
+
+def loss_inputs(cfg: VtraceConfig, batch: dict, outputs: dict) -> LossInputs:
+    """Aligns rows (learner outputs 0..T-1 against batch rows 1..T) and computes V-trace targets."""
     bootstrap_value = outputs["baseline"][-1]
     steps = {key: value[1:] for key, value in batch.items()}
     outputs = {key: value[:-1] for key, value in outputs.items()}
@@ -76,15 +128,7 @@ def compute_losses(cfg: VtraceConfig, batch: dict, outputs: dict) -> dict:
         clip_rho_threshold=cfg.clip_rho_threshold,
         clip_pg_rho_threshold=cfg.clip_pg_rho_threshold,
     )
-    pg_loss = policy_gradient_loss(outputs["policy_logits"], steps["action"], targets.pg_advantages, mask)
-    baseline_loss = cfg.baseline_cost * 0.5 * (((targets.vs - outputs["baseline"]) ** 2) * mask).sum()
-    entropy_loss = cfg.entropy_cost * negative_entropy(outputs["policy_logits"], mask)
-    return dict(
-        total_loss=pg_loss + baseline_loss + entropy_loss,
-        pg_loss=pg_loss,
-        baseline_loss=baseline_loss,
-        entropy_loss=entropy_loss,
-    )
+    return LossInputs(cfg, steps, outputs, bootstrap_value, rewards, mask, targets)
 
 
 def policy_gradient_loss(logits, actions, advantages, mask) -> torch.Tensor:
@@ -133,13 +177,14 @@ class Learner:
         self.steps = 0  # env steps learned from (real steps: the mask's count)
         self.scheduler = make_scheduler(cfg.optim, self.optimizer, lambda: self.steps, cfg.total_steps)
         self.skipped_updates = 0
+        self.loss_terms = loss_terms(cfg.vtrace)  # a bad vtrace.extra_losses fails here, before acting
 
     def update(self, batch: dict, initial_core_state: tuple) -> dict:
         """One optimisation step; returns floats for logging. Non-finite updates are skipped."""
         self.steps += int(batch["mask"][1:].sum())
         self.model.train()
         outputs, _ = self.model(batch, initial_core_state, action="none")
-        losses = compute_losses(self.cfg.vtrace, batch, outputs)
+        losses = compute_losses(self.cfg.vtrace, batch, outputs, self.loss_terms)
         self.optimizer.zero_grad(set_to_none=True)
         losses["total_loss"].backward()
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_norm_clipping)

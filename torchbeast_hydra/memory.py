@@ -18,7 +18,7 @@ import torch
 
 from .config import ConfigError, PolyRole, num_buffers
 from .envs import EnvSpec, is_atari
-from .learner import rollout_specs
+from .layout import rollout_specs
 
 GiB = 1024**3
 MiB = 1024**2

@@ -18,6 +18,8 @@ from typing import Iterable, Protocol
 
 log = logging.getLogger(__name__)
 
+# The columns logs.csv starts with, in this order. Any other key a row brings (a new loss term,
+# a backend's statistic) gets a column of its own when it first appears: nothing is dropped.
 CSV_FIELDS = [
     "step",
     "time_s",
@@ -31,16 +33,7 @@ CSV_FIELDS = [
     "entropy_loss",
     "grad_norm",
     "learning_rate",
-    "free_queue_size",  # mono: rollout buffers free and full
-    "full_queue_size",
     "update_ms",  # the learner's time for this update
-    "gather_ms",  # the learner's time to assemble this batch from rollouts (copies, not waiting)
-    "learner_queue_size",  # poly: rollouts waiting, mean inference batch and time, clients connected
-    "inference_batch_size",
-    "inference_ms",
-    "server_us_per_step",  # poly: wall time per env step in the server's hands, not in inference
-    # (decoding, unroll assembly, and waiting while the learner queue is full)
-    "connected_clients",
 ]
 
 
@@ -51,23 +44,34 @@ class Sink(Protocol):
 
 
 class CsvLog:
-    """Appends rows to logs.csv; on resume, drops rows past the checkpoint so none repeat."""
+    """Appends rows to logs.csv; on resume, drops rows past the checkpoint so none repeat.
+
+    The header is CSV_FIELDS plus every other key seen so far, in order of appearance. A row with
+    a new key rewrites the file once with the wider header (earlier rows get empty cells), so the
+    csv stays one rectangular table across resumes and code changes.
+    """
 
     def __init__(self, path: str | os.PathLike, resume_step: int | None, fields=CSV_FIELDS):
         self.path = Path(path)
-        self.fields = list(fields)
-        if resume_step is not None and self.path.exists():
-            self._truncate_after(resume_step)
-        new_file = not self.path.exists() or self.path.stat().st_size == 0
-        self._file = open(self.path, "a", newline="")
-        self._writer = csv.DictWriter(self._file, self.fields, extrasaction="ignore")
-        if new_file:
-            self._writer.writeheader()
-            self._file.flush()
+        rows = self._read() if self.path.exists() and self.path.stat().st_size > 0 else None
+        header = list(rows[0]) if rows and rows[0] else []
+        self.fields = header + [f for f in fields if f not in header] if rows is not None else list(fields)
+        if rows is not None:
+            kept = rows[1:] if resume_step is None else [r for r in rows[1:] if _int(r.get("step")) <= resume_step]
+            if kept != rows[1:] or self.fields != header:
+                self._rewrite(kept)
+        else:
+            self._rewrite([])
+        self._open()
 
-    def _truncate_after(self, step: int) -> None:
+    def _read(self) -> list:
+        """[header as a dict of its names, then the rows]; a torn last line is dropped."""
         with open(self.path, newline="") as f:
-            rows = [row for row in csv.DictReader(f) if _int(row.get("step")) <= step]
+            reader = csv.DictReader(f)
+            rows = [row for row in reader if _int(row.get("step")) < math.inf]
+            return [dict.fromkeys(reader.fieldnames or []), *rows]
+
+    def _rewrite(self, rows: list) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
         with open(tmp, "w", newline="") as f:
             writer = csv.DictWriter(f, self.fields, extrasaction="ignore")
@@ -75,7 +79,18 @@ class CsvLog:
             writer.writerows(rows)
         os.replace(tmp, self.path)
 
+    def _open(self) -> None:
+        self._file = open(self.path, "a", newline="")
+        self._writer = csv.DictWriter(self._file, self.fields, extrasaction="ignore")
+
     def write(self, row: dict) -> None:
+        new = [key for key in row if key not in self.fields]
+        if new:  # a column logs.csv has not had yet: widen the header once
+            self._file.close()
+            rows = self._read()[1:]
+            self.fields += new
+            self._rewrite(rows)
+            self._open()
         self._writer.writerow(row)
         self._file.flush()
 

@@ -3,27 +3,64 @@
 Every model takes time-major inputs [T, B, ...] (frame, reward, done, last_action) and returns
 policy_logits [T, B, A], baseline [T, B] and (unless asked not to) action [T, B]. The core
 appends the one-hot last action and the clipped reward to the features and, with use_lstm, runs
-an LSTM whose state is zeroed at episode boundaries (done). To try a new architecture, write a body.
+an LSTM whose state is zeroed at episode boundaries (done). To try a new architecture, write a
+`Body` and a YAML file naming it (`_target_`): see the README's Extending section.
 """
 
 from __future__ import annotations
 
 import math
 
+import hydra
+import numpy as np
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 from torch import nn
 
-from .config import ConfigError, ModelConfig, ModelName
+from .config import AtariNetConfig, ConfigError, MLPConfig, ResNetConfig
 from .envs import EnvSpec
 
 
-class AtariNetBody(nn.Module):
+class Body(nn.Module):
+    """The contract of a model body: observations in, features out.
+
+    - `__init__(obs_shape, **fields)`: obs_shape is the env's observation shape (a tuple); the
+      other keyword arguments are the fields of the model's YAML file (model.* in the config).
+    - `output_size`: the size of the features, set in __init__.
+    - `forward(frames)`: frames [N, *obs_shape] in the env's dtype (uint8 for Atari, so scale
+      them yourself) -> features [N, output_size], float.
+
+    The core (ActorCritic) adds the policy and baseline heads and the optional LSTM; a body
+    never sees time, rewards, actions or recurrent state.
+    """
+
+    output_size: int
+
+
+def _image_shape(obs_shape: tuple, model: str) -> tuple:
+    if len(obs_shape) != 3:
+        raise ValueError(
+            f"{model} needs image observations [channels, height, width], but the env's observations "
+            f"have shape {tuple(obs_shape)}. Use model=mlp for vector observations.")
+    return tuple(obs_shape)
+
+
+def _flat_size(layers: nn.Module, obs_shape: tuple, model: str) -> int:
+    try:
+        with torch.no_grad():
+            return layers(torch.zeros(1, *obs_shape)).shape[1]
+    except RuntimeError as error:
+        raise ValueError(f"{model} does not fit observations of shape {tuple(obs_shape)} ({error}); "
+                         "use images of at least 36x36 (env.screen_size) or another model.") from None
+
+
+class AtariNetBody(Body):
     """TorchBeast's shallow network: three conv layers (as in the DQN Nature paper) + fc 512."""
 
-    def __init__(self, obs_shape: tuple):
+    def __init__(self, obs_shape: tuple, output_size: int = 512):
         super().__init__()
-        channels, height, width = obs_shape
+        channels, height, width = _image_shape(obs_shape, "model=atari_net")
         self.convs = nn.Sequential(
             nn.Conv2d(channels, 32, kernel_size=8, stride=4),
             nn.ReLU(),
@@ -33,10 +70,8 @@ class AtariNetBody(nn.Module):
             nn.ReLU(),
             nn.Flatten(),
         )
-        with torch.no_grad():
-            flat = self.convs(torch.zeros(1, *obs_shape)).shape[1]
-        self.fc = nn.Linear(flat, 512)
-        self.output_size = 512
+        self.fc = nn.Linear(_flat_size(self.convs, obs_shape, "model=atari_net"), output_size)
+        self.output_size = output_size
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         x = frames.float() / 255.0
@@ -53,13 +88,13 @@ class ResidualBlock(nn.Module):
         return x + self.conv1(F.relu(self.conv0(F.relu(x))))
 
 
-class ResNetBody(nn.Module):
+class ResNetBody(Body):
     """The IMPALA paper's deep network: stacks of conv + max-pool + two residual blocks."""
 
     def __init__(self, obs_shape: tuple, channels=(16, 32, 32), output_size: int = 256):
         super().__init__()
         layers = []
-        in_channels = obs_shape[0]
+        in_channels = _image_shape(obs_shape, "model=resnet")[0]
         for out_channels in channels:
             layers += [
                 nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1),
@@ -69,9 +104,7 @@ class ResNetBody(nn.Module):
             ]
             in_channels = out_channels
         self.stacks = nn.Sequential(*layers, nn.ReLU(), nn.Flatten())
-        with torch.no_grad():
-            flat = self.stacks(torch.zeros(1, *obs_shape)).shape[1]
-        self.fc = nn.Linear(flat, output_size)
+        self.fc = nn.Linear(_flat_size(self.stacks, obs_shape, "model=resnet"), output_size)
         self.output_size = output_size
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
@@ -79,11 +112,13 @@ class ResNetBody(nn.Module):
         return F.relu(self.fc(self.stacks(x)))
 
 
-class MLPBody(nn.Module):
+class MLPBody(Body):
     """Fully connected layers over a flattened vector observation."""
 
     def __init__(self, obs_shape: tuple, hidden_sizes=(64, 64)):
         super().__init__()
+        if not hidden_sizes:
+            raise ValueError("model.hidden_sizes needs at least one layer.")
         layers, size = [], math.prod(obs_shape)
         for hidden in hidden_sizes:
             layers += [nn.Linear(size, hidden), nn.ReLU()]
@@ -153,25 +188,53 @@ class ActorCritic(nn.Module):
         return torch.cat(outputs), core_state
 
 
-def make_model(cfg: ModelConfig, spec: EnvSpec) -> ActorCritic:
-    """Builds cfg.name for the env's spaces; a model that cannot fit them raises ConfigError."""
-    shape = spec.obs_shape
-    name = ModelName(cfg.name)
-    if name in (ModelName.atari_net, ModelName.resnet):
-        if len(shape) != 3:
-            raise ConfigError(
-                f"model={name.value} needs image observations [channels, height, width], but the "
-                f"env's observations have shape {shape}. Use model=mlp for vector observations."
-            )
-        try:
-            body = AtariNetBody(shape) if name is ModelName.atari_net else ResNetBody(shape)
-        except RuntimeError as error:
-            raise ConfigError(
-                f"model={name.value} does not fit observations of shape {shape} ({error}); "
-                "use images of at least 36x36 (env.screen_size) or another model."
-            ) from None
-        lstm_layers = 2 if name is ModelName.atari_net else 1  # as in TorchBeast and the paper
-    else:
-        body = MLPBody(shape, cfg.hidden_sizes)
-        lstm_layers = 1
-    return ActorCritic(body, spec.num_actions, cfg.use_lstm, lstm_layers)
+# The core's fields of a model config; the others are the body's (models.Body).
+CORE_FIELDS = ("_target_", "use_lstm", "lstm_layers")
+
+
+def make_model(cfg, spec: EnvSpec) -> ActorCritic:
+    """The body named by cfg._target_, built for the env's spaces, on the actor-critic core.
+
+    A body that cannot be built for this env, takes other fields than the config gives, or
+    breaks the Body contract raises ConfigError (chained to the cause, whose traceback helps).
+    """
+    fields = OmegaConf.to_container(OmegaConf.create(cfg) if not OmegaConf.is_config(cfg) else cfg,
+                                    resolve=True)
+    target = fields.get("_target_")
+    if not target:
+        raise ConfigError("model._target_ must name the model's body class, e.g. my_pkg.models.MyBody.")
+    body_fields = {key: value for key, value in fields.items() if key not in CORE_FIELDS}
+    try:
+        body = hydra.utils.instantiate({"_target_": target, **body_fields}, obs_shape=tuple(spec.obs_shape),
+                                       _convert_="all")
+    except Exception as error:
+        cause = error.__cause__ or error  # instantiate wraps the body's own error
+        raise ConfigError(f"model {target} cannot be built for observations {tuple(spec.obs_shape)} "
+                          f"with {body_fields}: {cause}") from cause
+    _check_body(body, target, spec)
+    return ActorCritic(body, spec.num_actions, fields.get("use_lstm", False), fields.get("lstm_layers", 1))
+
+
+def _check_body(body, target: str, spec: EnvSpec) -> None:
+    """The Body contract, checked once on a dummy observation, before any process starts."""
+    size = getattr(body, "output_size", None)
+    if not isinstance(body, nn.Module) or not isinstance(size, int) or size < 1:
+        raise ConfigError(f"model {target} must be a torch.nn.Module with an int output_size (models.Body).")
+    frames = torch.from_numpy(np.zeros((2, *spec.obs_shape), spec.obs_dtype))
+    with torch.no_grad():
+        features = body(frames)
+    if tuple(features.shape) != (2, size) or not features.is_floating_point():
+        raise ConfigError(f"model {target} returned features {tuple(features.shape)} {features.dtype} for "
+                          f"2 observations; the Body contract wants float [2, output_size={size}].")
+
+
+# Checkpoints written before models were named by _target_ named them by model.name.
+_NAMED_BEFORE = dict(atari_net=AtariNetConfig, resnet=ResNetConfig, mlp=MLPConfig)
+
+
+def saved_model_config(saved: dict) -> dict:
+    """The model config a checkpoint was trained with, in today's form (older ones had model.name)."""
+    if "_target_" in saved or saved.get("name") not in _NAMED_BEFORE:
+        return saved
+    schema = OmegaConf.structured(_NAMED_BEFORE[saved["name"]])
+    return OmegaConf.to_container(OmegaConf.merge(schema, {k: v for k, v in saved.items() if k in schema}))

@@ -12,8 +12,6 @@ replaced.
 
 from __future__ import annotations
 
-import logging
-import os
 import queue
 import signal
 import threading
@@ -27,12 +25,9 @@ from omegaconf import OmegaConf
 
 from .config import num_buffers
 from .envs import Environments, EnvSpec
-from .learner import AGENT_KEYS, ENV_KEYS, rollout_specs
-from .memory import describe_exit
+from .layout import AGENT_KEYS, ENV_KEYS, rollout_specs
 from .models import make_model
-from .training import StopOnSignals, TrainingRun, to_device
-
-log = logging.getLogger(__name__)
+from .training import ActorProcesses, Backend, TrainingRun, actor_seed
 
 
 def create_buffers(spec: EnvSpec, unroll_length: int, count: int) -> dict:
@@ -182,74 +177,48 @@ def gather(buffers: torch.Tensor, idx: torch.Tensor, pin: bool) -> torch.Tensor:
     return torch.index_select(buffers, 1, idx, out=out)
 
 
-class MonoBeast:
-    """Runs a TrainingRun with actor processes feeding learner threads."""
+class MonoBeast(Backend):
+    """Rollouts from actor processes through shared-memory buffers, batched by learner threads."""
 
     def __init__(self, cfg, run: TrainingRun):
-        self.cfg = cfg
-        self.run = run
+        super().__init__(cfg, run, make_model(cfg.model, run.spec).share_memory())
         backend = cfg.backend
+        self.num_learner_threads = backend.num_learner_threads
         self.ctx = mp.get_context("spawn")  # no fork: the learner process has threads running
-        self.actor_model = make_model(cfg.model, run.spec).share_memory()
-        self.actor_model.eval()
-        self._sync_weights()
         count = num_buffers(cfg)
         self.buffers = create_buffers(run.spec, cfg.unroll_length, count)
-        self.state_buffers = create_state_buffers(self.actor_model, count)
+        self.state_buffers = create_state_buffers(self.policy, count)
         self.pool = BufferPool(count, backend.envs_per_actor)
         self.env_cfg = OmegaConf.to_object(cfg.env)
-        self.actors = {}
-        self.restarts = 0
+        self.actors = ActorProcesses(self._start_actor, backend.num_actors, backend.max_actor_restarts,
+                                     what="Actor", on_exit=self.pool.remove_actor)
         self._batch_lock = threading.Lock()
-        self._errors = []
 
-    def _sync_weights(self) -> None:
-        with torch.no_grad():
-            for target, source in zip(self.actor_model.state_dict().values(),
-                                      self.run.learner.model.state_dict().values()):
-                target.copy_(source)
-
-    def _start_actor(self, index: int) -> None:
+    def _start_actor(self, index: int, number: int):
         backend = self.cfg.backend
         learner_end, actor_end = self.ctx.Pipe()
-        # Distinct env seeds per actor and per restart, derived from the run's seed.
-        seed = self.cfg.seed * 1_000_003 + (self.restarts * backend.num_actors + index) * backend.envs_per_actor
+        seed = actor_seed(self.cfg.seed, number, backend.envs_per_actor)
         process = self.ctx.Process(
             target=actor_main,
             name=f"actor-{index}",
             args=(self.env_cfg, backend.envs_per_actor, seed, self.cfg.unroll_length,
-                  self.actor_model, self.buffers, self.state_buffers, actor_end),
+                  self.policy, self.buffers, self.state_buffers, actor_end),
             daemon=True,
         )
         process.start()
         actor_end.close()
-        self.actors[index] = process
         self.pool.add_actor(index, learner_end)
+        return process
 
-    def _supervise(self, broken: list) -> None:
-        """Replaces actors that died; gives up when they keep dying."""
-        for index, process in list(self.actors.items()):
-            if process.is_alive() and index not in broken:
-                continue
-            process.join(timeout=1.0)
-            if process.is_alive():  # its pipe broke but it lingers: end it
-                process.kill()
-                process.join()
-            self.pool.remove_actor(index)
-            if self.run.stop_requested.is_set():  # stopping anyway (e.g. SLURM signalled the whole job)
-                continue
-            self.restarts += 1
-            log.error("Actor %d (pid %s) %s; starting a replacement (%d/%d).", index, process.pid,
-                      describe_exit(process.exitcode), self.restarts, self.cfg.backend.max_actor_restarts)
-            if self.restarts > self.cfg.backend.max_actor_restarts:
-                raise RuntimeError(
-                    f"actors died {self.restarts} times (last exit code {process.exitcode}); see the log "
-                    "above for the cause. Raise backend.max_actor_restarts if crashes are expected."
-                )
-            self._start_actor(index)
+    def start(self) -> None:
+        self.actors.start()
 
-    def _get_batch(self):
-        """B full buffers copied out (to the learner's device); None when the run is done."""
+    def wait(self, timeout: float) -> None:
+        broken = self.pool.receive(timeout)
+        self.actors.supervise(replace=not self.run.done, broken=broken)
+
+    def next_batch(self):
+        """B full buffers copied out; None when the run is done."""
         indices = []
         with self._batch_lock:
             while len(indices) < self.cfg.batch_size:
@@ -266,64 +235,13 @@ class MonoBeast:
         batch = {key: gather(buffer, idx, pin) for key, buffer in self.buffers.items()}
         core_state = tuple(gather(buffer, idx, pin) for buffer in self.state_buffers)
         self.pool.release(indices)
-        batch, core_state = to_device(batch, core_state, self.run.device)
-        return batch, core_state, round(1000 * (time.perf_counter() - started), 3)
+        observed = dict(free_queue_size=len(self.pool.free), full_queue_size=self.pool.full.qsize(),
+                        gather_ms=round(1000 * (time.perf_counter() - started), 3))
+        return batch, core_state, observed
 
-    def _learn(self) -> None:
-        try:
-            while not self.run.done:
-                got = self._get_batch()
-                if got is None:
-                    return
-                batch, core_state, gather_ms = got
-                queues = dict(free_queue_size=len(self.pool.free), full_queue_size=self.pool.full.qsize(),
-                              gather_ms=gather_ms)
-                self.run.update(batch, core_state, queues)
-                with self.run.lock:
-                    self._sync_weights()
-        except BaseException as error:  # surfaced by the main thread
-            self._errors.append(error)
-            self.run.stop_requested.set()
-
-    def train(self) -> None:
-        cfg, run = self.cfg, self.run
-        threads_per_learner = cfg.backend.learner_torch_threads or os.cpu_count()
-        torch.set_num_threads(threads_per_learner)
-        learner_threads = []
-        with StopOnSignals(run.stop_requested) as run.stopped_by:
-            try:
-                for index in range(cfg.backend.num_actors):
-                    self._start_actor(index)
-                for i in range(cfg.backend.num_learner_threads):
-                    thread = threading.Thread(target=self._learn, name=f"learner-{i}", daemon=True)
-                    thread.start()
-                    learner_threads.append(thread)
-                last_log = time.monotonic()
-                while not run.done:
-                    broken = self.pool.receive(timeout=0.2)
-                    self._supervise(broken)
-                    if time.monotonic() - last_log >= cfg.logger.log_interval_s:
-                        log.info(run.stats.progress_line())
-                        last_log = time.monotonic()
-                    run.maybe_checkpoint()
-            finally:
-                run.stop_requested.set()
-                for thread in learner_threads:
-                    thread.join()
-                self._stop_actors()
-                run.save_checkpoint()  # the learner's last consistent state, whatever stopped us
-            if self._errors:
-                raise self._errors[0]
-        log.info("Finished: %s", run.stats.progress_line())
-
-    def _stop_actors(self) -> None:
+    def shut_down(self) -> None:
         self.pool.stop_actors()
-        deadline = time.monotonic() + 5.0
-        for process in self.actors.values():
-            process.join(timeout=max(0.0, deadline - time.monotonic()))
-            if process.is_alive():
-                process.kill()
-                process.join()
+        self.actors.stop(timeout=5.0)
 
 
 def train(cfg, run: TrainingRun) -> None:

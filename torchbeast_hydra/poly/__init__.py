@@ -4,6 +4,6 @@ server.py   the ActorPool service: token check, one session per client stream, c
 batcher.py  the dynamic batcher behind central inference
 rollouts.py per-client unroll assembly, partial rollouts at resets and disconnects
 client.py   the env client (a process that steps envs and asks the server for actions)
-learner.py  the PolyBeast run: server + learner thread + local clients (role=all|learner)
+backend.py  the PolyBeast backend: server + central inference + local clients (role=all|learner|env)
 wire.py     the protobuf wire format (actorpool.proto)
 """

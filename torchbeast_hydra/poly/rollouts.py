@@ -1,6 +1,6 @@
 """Unroll assembly for one client's envs, on the server, and the queue that hands them to the learner.
 
-Rows follow the shared rollout layout (learner.py): row t+1 holds an env's response to the
+Rows follow the shared rollout layout (layout.py, learner.py): row t+1 holds an env's response to the
 action chosen at row t, together with that action and the policy outputs that chose it, and
 row 0 repeats the previous unroll's last row. An unroll is handed on when it has T steps, when
 its env resets (with cut_at_reset) or when the client leaves; the last two are partial rollouts,
@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..learner import AGENT_KEYS, ENV_KEYS
+from ..layout import AGENT_KEYS, ENV_KEYS
 
 # (rollouts [T+1, k, ...] tensors, each env's core state before row 0 [k, ...])
 Emit = Callable[[dict, tuple], None]

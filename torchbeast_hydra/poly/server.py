@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from ..envs import EnvSpec
-from ..learner import rollout_specs
+from ..layout import rollout_specs
+from ..training import actor_seed
 from . import wire
 from .batcher import BatcherClosed, DynamicBatcher
 from .client import channel_options
@@ -104,7 +105,7 @@ class ActorPool:
             with self._lock:
                 self.connected += 1
             log.info("Client %d connected from %s with %d envs.", client_id, peer, hello.num_envs)
-            seed = self.seed * 1_000_003 + client_id * self.max_envs_per_client
+            seed = actor_seed(self.seed, client_id, self.max_envs_per_client)
             yield wire.ServerMessage(welcome=wire.Welcome(client_id=client_id, seed=seed))
             while (raw := stream.receive(requests)) is not None:
                 if self.stopping.is_set():

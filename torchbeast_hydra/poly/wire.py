@@ -14,15 +14,16 @@ import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
+from ..layout import ENV_KEYS, LAYOUT
+
 PACKAGE = "torchbeast_hydra.poly"
 SERVICE = f"{PACKAGE}.ActorPool"
 CONNECT = f"/{SERVICE}/Connect"
 TOKEN_METADATA_KEY = "x-torchbeast-token"
 
-# The env outputs a client sends each step, in Step's field order.
-STEP_KEYS = ("frame", "reward", "done", "episode_return", "episode_step", "last_action", "episode_end")
-STEP_DTYPES = dict(reward="float32", done="bool", episode_return="float32", episode_step="int32",
-                   last_action="int64", episode_end="bool")  # frame: the env's observation dtype
+# The env outputs a client sends each step, in Step's field order: the rollout layout's env keys.
+STEP_KEYS = ENV_KEYS
+STEP_DTYPES = {key: LAYOUT[key].dtype for key in STEP_KEYS if key != "frame"}  # frame: the env's dtype
 
 
 class WireError(ValueError):

@@ -1,4 +1,4 @@
-"""Plots of runs and sweeps loaded by `analysis`: learning curves with seeds aggregated per swept
+"""Plots of runs and sweeps loaded by `runs`: learning curves with seeds aggregated per swept
 setting (the mean, and a band of ± one standard deviation), and final returns.
 
 Figures are made without pyplot (no global state, no display needed) and saved as PNGs.
@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import pandas as pd
 from matplotlib.figure import Figure
 
-from . import analysis
+from . import runs
 
 DPI = 100
 
@@ -27,11 +27,11 @@ def curves_figure(df: pd.DataFrame, metrics: Sequence[str], titles: Optional[Seq
     fig = Figure(figsize=(6.4 * columns, 4.0 * rows), dpi=DPI, layout="constrained")
     axes = fig.subplots(rows, columns, squeeze=False).ravel()
     for ax, metric, title in zip(axes, metrics, titles):
-        curve = analysis.learning_curve(df, metric, bins=bins)
+        curve = runs.learning_curve(df, metric, bins=bins)
         for i, (setting, part) in enumerate(curve.groupby("setting", sort=False)):
             color = f"C{i % 10}"
-            runs = int(part["runs"].max())
-            ax.plot(part["step"], part["mean"], color=color, label=f"{setting} ({runs} run{'s' * (runs > 1)})")
+            count = int(part["runs"].max())
+            ax.plot(part["step"], part["mean"], color=color, label=f"{setting} ({count} run{'s' * (count > 1)})")
             ax.fill_between(part["step"], part["mean"] - part["std"], part["mean"] + part["std"],
                             color=color, alpha=0.2, linewidth=0)
         ax.set_title(title)
@@ -49,7 +49,7 @@ def curves_figure(df: pd.DataFrame, metrics: Sequence[str], titles: Optional[Seq
 def returns_figure(df: pd.DataFrame, bins: int = 100) -> Figure:
     window = df.attrs.get("window")
     title = f"Return (mean of the last {window} episodes)" if window else "Return"
-    return curves_figure(df, [analysis.RETURN], [title], bins=bins, columns=1)
+    return curves_figure(df, [runs.RETURN], [title], bins=bins, columns=1)
 
 
 def sps_figure(df: pd.DataFrame, bins: int = 100) -> Figure:
@@ -57,7 +57,7 @@ def sps_figure(df: pd.DataFrame, bins: int = 100) -> Figure:
 
 
 def losses_figure(df: pd.DataFrame, bins: int = 100) -> Figure:
-    return curves_figure(df, analysis.LOSSES, bins=bins, columns=2)
+    return curves_figure(df, runs.loss_columns(df), bins=bins, columns=2)
 
 
 def final_returns_figure(table: pd.DataFrame) -> Figure:
@@ -82,7 +82,7 @@ def plot_all(df: pd.DataFrame, out_dir: str | Path, last_n: int = 100, bins: int
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    table = analysis.final_returns_by_setting(df, last_n)
+    table = runs.final_returns_by_setting(df, last_n)
     figures = dict(
         returns=returns_figure(df, bins),
         sps=sps_figure(df, bins),

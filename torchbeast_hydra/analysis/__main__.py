@@ -1,4 +1,4 @@
-"""`python -m torchbeast_hydra.plot RUNS_DIR [--out DIR]` (or `torchbeast-hydra-plot`): the
+"""`python -m torchbeast_hydra.analysis RUNS_DIR [--out DIR]` (or `torchbeast-hydra-plot`): the
 analysis notebook's plots and table from the command line.
 
 RUNS_DIR is one run dir or a multirun (sweep) dir; default: the newest under outputs/.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import analysis, plots
+from . import plots, runs
 
 
 def main(argv=None) -> int:
@@ -32,18 +32,18 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     try:
-        runs_dir = Path(args.runs_dir) if args.runs_dir else analysis.latest_runs_dir()
-        df = analysis.load_runs(runs_dir, window=args.window)
+        runs_dir = Path(args.runs_dir) if args.runs_dir else runs.latest_runs_dir()
+        df = runs.load_runs(runs_dir, window=args.window)
     except FileNotFoundError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     out_dir = Path(args.out) if args.out else runs_dir / "plots"
     paths = plots.plot_all(df, out_dir, last_n=args.last_n, bins=args.bins)
-    runs = df["run"].nunique()
-    print(f"{runs} run{'s' * (runs != 1)} in {runs_dir}; swept: {', '.join(df.attrs['swept_keys']) or 'nothing'}")
+    count = df["run"].nunique()
+    print(f"{count} run{'s' * (count != 1)} in {runs_dir}; swept: {', '.join(df.attrs['swept_keys']) or 'nothing'}")
     with pd.option_context("display.width", 120, "display.max_columns", 10):
         print(f"\nFinal return (mean of the last {args.last_n} episodes of each run):")
-        print(analysis.final_returns_by_setting(df, args.last_n).to_string(float_format="%.2f"))
+        print(runs.final_returns_by_setting(df, args.last_n).to_string(float_format="%.2f"))
     print()
     for path in paths.values():
         print(f"wrote {path}")

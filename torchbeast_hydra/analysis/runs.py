@@ -25,7 +25,6 @@ import yaml
 
 RETURN = "recent_return"
 SEED = "seed"
-LOSSES = ["total_loss", "pg_loss", "baseline_loss", "entropy_loss"]
 ALL_RUNS = "all runs"  # the setting of every run when nothing but the seed was swept
 
 
@@ -115,6 +114,12 @@ def load_runs(path: str | Path, window: int = 100) -> pd.DataFrame:
         df["setting"] = ALL_RUNS
     df.attrs.update(override_keys=keys, swept_keys=swept, window=window)
     return df
+
+
+def loss_columns(df: pd.DataFrame) -> list:
+    """The loss columns logged: total_loss first, then each named loss term (`*_loss`)."""
+    terms = sorted(c for c in df.columns if c.endswith("_loss") and c != "total_loss")
+    return ["total_loss", *terms] if "total_loss" in df.columns else terms
 
 
 def swept_keys(df: pd.DataFrame, keys: Optional[Iterable[str]] = None) -> list:

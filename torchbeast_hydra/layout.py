@@ -1,0 +1,69 @@
+"""The rollout layout, declared once: every key a rollout row holds, its per-step shape and dtype.
+
+Env outputs (envs.Environments), mono's shared buffers, the wire format's Step (poly/wire.py) and
+the learner's batches all derive from `LAYOUT`. A rollout is [T+1, ...] per key; see learner.py
+for what the rows mean.
+
+Shapes and dtypes may name the env's spaces: OBS (the observation's shape or dtype) and ACTIONS
+(the number of actions). Adding a key here adds it everywhere; who writes it says where its
+values come from: the env (sent by poly clients), the acting policy, or the backend (the mask).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+OBS = "obs"  # the env's observation shape, or its dtype
+ACTIONS = "actions"  # the number of actions
+
+ENV, AGENT, BACKEND = "env", "agent", "backend"  # who writes a key
+
+
+class Field(NamedTuple):
+    shape: tuple | str  # per step: a tuple (entries may be ACTIONS), or OBS
+    dtype: str  # a numpy dtype name, or OBS
+    writer: str  # ENV, AGENT or BACKEND
+
+
+LAYOUT = {
+    # Written by the env each step (and sent by poly clients, in this order).
+    "frame": Field(OBS, OBS, ENV),
+    "reward": Field((), "float32", ENV),
+    "done": Field((), "bool", ENV),  # an episode ended for learning (a lost life counts)
+    "episode_return": Field((), "float32", ENV),
+    "episode_step": Field((), "int32", ENV),
+    "last_action": Field((), "int64", ENV),
+    "episode_end": Field((), "bool", ENV),  # the whole game ended: episode_return is final
+    # Written by the acting policy, in the row of the env output its action answers.
+    "action": Field((), "int64", AGENT),
+    "policy_logits": Field((ACTIONS,), "float32", AGENT),
+    "baseline": Field((), "float32", AGENT),
+    # Written by the backend: real steps (partial rollouts are padded).
+    "mask": Field((), "bool", BACKEND),
+}
+
+ENV_KEYS = tuple(key for key, f in LAYOUT.items() if f.writer == ENV)
+AGENT_KEYS = tuple(key for key, f in LAYOUT.items() if f.writer == AGENT)
+
+
+def numpy_specs(spec, writer: str | None = None) -> dict:
+    """key -> (per-step shape, numpy dtype) for an env's spec (envs.EnvSpec); one writer's keys, or all."""
+    out = {}
+    for key, f in LAYOUT.items():
+        if writer is not None and f.writer != writer:
+            continue
+        shape = tuple(spec.obs_shape) if f.shape == OBS else tuple(
+            spec.num_actions if d == ACTIONS else d for d in f.shape)
+        dtype = np.dtype(spec.obs_dtype) if f.dtype == OBS else np.dtype(f.dtype)
+        out[key] = (shape, dtype)
+    return out
+
+
+def rollout_specs(spec) -> dict:
+    """key -> (per-step shape, torch dtype): the learner's and the buffers' view of the layout."""
+    import torch  # here, not at the top: env client processes use this module and never need torch
+
+    return {key: (shape, torch.from_numpy(np.zeros(0, dtype)).dtype)
+            for key, (shape, dtype) in numpy_specs(spec).items()}
