@@ -62,8 +62,14 @@ class MemorySampler(threading.Thread):
 def train(run_dir: Path, overrides: list, seconds: float | None = None, timeout: float = 3600):
     """Runs training; with `seconds`, stops it (SIGTERM) after that long. Returns (rc, wall, peak)."""
     # wandb off unless an override turns it on: the figures measure training, as before wandb.
-    command = [sys.executable, "-m", "torchbeast_hydra", f"hydra.run.dir={run_dir}",
-               "logger.wandb.mode=disabled", *overrides]
+    command = [
+        sys.executable,
+        "-m",
+        "torchbeast_hydra",
+        f"hydra.run.dir={run_dir}",
+        "logger.wandb.mode=disabled",
+        *overrides,
+    ]
     started = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     sampler = MemorySampler(process.pid)

@@ -57,8 +57,9 @@ def main() -> None:
                 result = f"mean return >= {args.target:g} at step {reached[0]:,} after {reached[1]:.0f} s"
             else:
                 result = f"target not reached in {rows[-1]['step']:,} steps"
-            print(f"{backend} seed {seed}: {result}; best mean {best:.1f}; run took {wall:.0f} s (exit {rc})",
-                  flush=True)
+            print(
+                f"{backend} seed {seed}: {result}; best mean {best:.1f}; run took {wall:.0f} s (exit {rc})", flush=True
+            )
         print(f"{backend}: solved {solved}/{len(args.seeds)} seeds", flush=True)
 
 

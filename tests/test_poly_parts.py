@@ -27,8 +27,12 @@ def test_descriptor_matches_the_proto_file(tmp_path):
 
     proto_dir = Path(wire.__file__).resolve().parents[2]
     out = tmp_path / "set.pb"
-    assert protoc.main(["protoc", f"-I{proto_dir}", f"--descriptor_set_out={out}",
-                        "torchbeast_hydra/poly/actorpool.proto"]) == 0
+    assert (
+        protoc.main(
+            ["protoc", f"-I{proto_dir}", f"--descriptor_set_out={out}", "torchbeast_hydra/poly/actorpool.proto"]
+        )
+        == 0
+    )
     compiled = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file[0]
     ours = wire.file_descriptor()
     for message in compiled.message_type:  # protoc adds JSON names, which we do not use
@@ -48,11 +52,14 @@ def test_array_round_trip_keeps_dtype_shape_and_values():
     assert message.data[0] == 0
 
 
-@pytest.mark.parametrize("dtype, shape, data, reason", [
-    ("float32", (2, 3, 4), None, "expected uint8 [2, 3, 4], got float32"),
-    ("uint8", (2, 3), None, "expected uint8 [2, 3, 4], got uint8 [2, 3]"),
-    ("uint8", (2, 3, 4), b"\x00" * 7, "7 bytes do not make"),
-])
+@pytest.mark.parametrize(
+    "dtype, shape, data, reason",
+    [
+        ("float32", (2, 3, 4), None, "expected uint8 [2, 3, 4], got float32"),
+        ("uint8", (2, 3), None, "expected uint8 [2, 3, 4], got uint8 [2, 3]"),
+        ("uint8", (2, 3, 4), b"\x00" * 7, "7 bytes do not make"),
+    ],
+)
 def test_array_with_wrong_dtype_shape_or_size_is_rejected(dtype, shape, data, reason):
     message = wire.encode_array(np.zeros(shape, dtype))
     if data is not None:
@@ -62,10 +69,15 @@ def test_array_with_wrong_dtype_shape_or_size_is_rejected(dtype, shape, data, re
 
 
 def env_outputs(n=2, last_action=0, reward=0.0):
-    return dict(frame=np.zeros((n, 4), np.float32), reward=np.full(n, reward, np.float32),
-                done=np.zeros(n, bool), episode_return=np.zeros(n, np.float32),
-                episode_step=np.zeros(n, np.int32), last_action=np.full(n, last_action, np.int64),
-                episode_end=np.zeros(n, bool))
+    return dict(
+        frame=np.zeros((n, 4), np.float32),
+        reward=np.full(n, reward, np.float32),
+        done=np.zeros(n, bool),
+        episode_return=np.zeros(n, np.float32),
+        episode_step=np.zeros(n, np.int32),
+        last_action=np.full(n, last_action, np.int64),
+        episode_end=np.zeros(n, bool),
+    )
 
 
 def decode(raw, n=2):
@@ -80,14 +92,17 @@ def test_step_round_trip():
         np.testing.assert_array_equal(decoded[key], value)
 
 
-@pytest.mark.parametrize("raw, reason", [
-    (b"\xff\xff\xff\xff", "not a ClientMessage"),
-    (wire.ClientMessage(hello=wire.Hello(env_id="x")).SerializeToString(), "expected a step, got hello"),
-    (b"", "expected a step, got an empty message"),
-    (wire.encode_step(env_outputs(last_action=3)), "outside the action space"),
-    (wire.encode_step(env_outputs(reward=math.nan)), "must be finite"),
-    (wire.encode_step(env_outputs(n=3)), "expected float32 \\[2, 4\\], got float32 \\[3, 4\\]"),
-])
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (b"\xff\xff\xff\xff", "not a ClientMessage"),
+        (wire.ClientMessage(hello=wire.Hello(env_id="x")).SerializeToString(), "expected a step, got hello"),
+        (b"", "expected a step, got an empty message"),
+        (wire.encode_step(env_outputs(last_action=3)), "outside the action space"),
+        (wire.encode_step(env_outputs(reward=math.nan)), "must be finite"),
+        (wire.encode_step(env_outputs(n=3)), "expected float32 \\[2, 4\\], got float32 \\[3, 4\\]"),
+    ],
+)
 def test_malformed_steps_are_rejected_with_the_reason(raw, reason):
     with pytest.raises(wire.WireError, match=reason):
         decode(raw)
@@ -199,8 +214,14 @@ class Steps:
         self.emitted = []
         self.n = num_envs
         initial = (torch.zeros(num_envs, state_size),) if state_size else ()
-        self.builder = RolloutBuilder(rollout_specs(SPEC), num_envs, unroll_length, initial, cut_at_reset,
-                                      lambda rollout, state: self.emitted.append((rollout, state)))
+        self.builder = RolloutBuilder(
+            rollout_specs(SPEC),
+            num_envs,
+            unroll_length,
+            initial,
+            cut_at_reset,
+            lambda rollout, state: self.emitted.append((rollout, state)),
+        )
         self.t = 0
 
     def step(self, episode_end=(), state=()):
@@ -211,8 +232,13 @@ class Steps:
         out["done"] = out["episode_end"].copy()
         self.builder.add(out, state)
         # The policy's outputs for this row: action t % 2, baseline = frame.
-        self.builder.set_agent_outputs(dict(action=np.full(self.n, self.t % 2), baseline=out["frame"][:, 0],
-                                            policy_logits=np.zeros((self.n, 2), np.float32)))
+        self.builder.set_agent_outputs(
+            dict(
+                action=np.full(self.n, self.t % 2),
+                baseline=out["frame"][:, 0],
+                policy_logits=np.zeros((self.n, 2), np.float32),
+            )
+        )
         self.t += 1
 
 
@@ -253,7 +279,7 @@ def test_without_cut_at_reset_unrolls_span_episodes():
     steps = Steps(num_envs=1, unroll_length=3, cut_at_reset=False)
     for t in range(4):
         steps.step(episode_end=[0] if t == 1 else [])
-    (rollout, _), = steps.emitted
+    ((rollout, _),) = steps.emitted
     assert rollout["mask"].all() and rollout["done"].tolist() == [False, True, False, False]
 
 
@@ -282,7 +308,7 @@ def test_partial_rollout_vtrace_target_matches_a_hand_computation():
     for _ in range(3):
         steps.step()
     steps.builder.flush()
-    (rollout, _), = steps.emitted
+    ((rollout, _),) = steps.emitted
     batch, _ = stack_rollouts(steps.emitted)
     logits = batch["policy_logits"]
     values = torch.tensor([[1.0], [2.0], [4.0], [8.0], [16.0]])  # V(x_0..x_4); x_3, x_4 are padding

@@ -37,8 +37,7 @@ def write_run_info(run_dir: Path) -> None:
 
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", *args], cwd=source, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
+            return subprocess.run(["git", *args], cwd=source, capture_output=True, text=True, timeout=10).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
 

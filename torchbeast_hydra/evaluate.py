@@ -27,8 +27,9 @@ def evaluate(cfg, run_dir: Path) -> dict:
     env_cfg = OmegaConf.merge(OmegaConf.structured(EnvConfig), state["config"]["env"])
     model_cfg = saved_model_config(state["config"]["model"])
     record = cfg.test.record_video
-    envs = Environments(OmegaConf.to_object(env_cfg), 1, seed=cfg.seed, episodic_life=False,
-                        render_mode="rgb_array" if record else None)
+    envs = Environments(
+        OmegaConf.to_object(env_cfg), 1, seed=cfg.seed, episodic_life=False, render_mode="rgb_array" if record else None
+    )
     if record:
         envs.envs[0] = _record_video(envs.envs[0], run_dir / "videos")
     model = make_model(model_cfg, envs.spec)
@@ -51,8 +52,13 @@ def evaluate(cfg, run_dir: Path) -> dict:
         if envs.out["episode_end"][0] or timed_out:
             returns.append(float(envs.out["episode_return"][0]))
             lengths.append(int(envs.out["episode_step"][0]))
-            log.info("Episode %d: return %.1f in %d steps%s.", len(returns), returns[-1], lengths[-1],
-                     " (cut at test.max_episode_steps)" if timed_out and not envs.out["episode_end"][0] else "")
+            log.info(
+                "Episode %d: return %.1f in %d steps%s.",
+                len(returns),
+                returns[-1],
+                lengths[-1],
+                " (cut at test.max_episode_steps)" if timed_out and not envs.out["episode_end"][0] else "",
+            )
             if timed_out:
                 envs.initial()
             steps = 0
@@ -68,10 +74,11 @@ def evaluate(cfg, run_dir: Path) -> dict:
         seconds=round(time.monotonic() - started, 2),
     )
     _append_row(run_dir / "eval.csv", result)
-    _log_to_wandb(cfg, run_dir, result, list((run_dir / "videos").glob("test-episode-*.mp4"))
-                  if record else [])
-    print(f"Mean return over {len(returns)} episodes: {result['mean_return']:.2f} "
-          f"(min {result['min_return']:.1f}, max {result['max_return']:.1f}) at step {state['step']}.")
+    _log_to_wandb(cfg, run_dir, result, list((run_dir / "videos").glob("test-episode-*.mp4")) if record else [])
+    print(
+        f"Mean return over {len(returns)} episodes: {result['mean_return']:.2f} "
+        f"(min {result['min_return']:.1f}, max {result['max_return']:.1f}) at step {state['step']}."
+    )
     return result
 
 
@@ -92,8 +99,9 @@ def _record_video(env: gym.Env, folder: Path) -> gym.Env:
         raise ConfigError(
             "test.record_video=true needs moviepy: pip install -e '.[video]' (or pip install moviepy)."
         ) from None
-    return gym.wrappers.RecordVideo(env, str(folder), episode_trigger=lambda episode: True,
-                                    name_prefix="test", disable_logger=True)
+    return gym.wrappers.RecordVideo(
+        env, str(folder), episode_trigger=lambda episode: True, name_prefix="test", disable_logger=True
+    )
 
 
 def _append_row(path: Path, row: dict) -> None:

@@ -53,7 +53,7 @@ def job_subdir(override_dirname: str, job_num) -> str:
         return f"job{job_num}"
     if len(name) > MAX_SUBDIR_CHARS:
         digest = hashlib.sha1(name.encode()).hexdigest()[:10]
-        name = f"{name[:MAX_SUBDIR_CHARS - 11]}-{digest}"
+        name = f"{name[: MAX_SUBDIR_CHARS - 11]}-{digest}"
     return name
 
 
@@ -91,8 +91,10 @@ def check_slurm(partition: str | None) -> None:
     except (OSError, subprocess.SubprocessError) as error:
         raise LaunchError(f"cannot ask SLURM for its partitions (sinfo: {error}).") from error
     if result.returncode != 0:
-        raise LaunchError(f"SLURM's controller does not answer (sinfo: {result.stderr.strip()}). "
-                          "Is the cluster up? Locally: `make slurm-start`.")
+        raise LaunchError(
+            f"SLURM's controller does not answer (sinfo: {result.stderr.strip()}). "
+            "Is the cluster up? Locally: `make slurm-start`."
+        )
     partitions = sorted(set(result.stdout.split()))
     if partition and partition not in partitions:
         raise LaunchError(

@@ -51,8 +51,13 @@ def resolve_mode(mode: str, environ: Mapping[str, str] = os.environ) -> str:
     """online / offline / disabled. `auto`: WANDB_MODE if set, else online with credentials."""
     if mode != "auto":
         return mode
-    from_env = {"online": "online", "run": "online", "offline": "offline", "dryrun": "offline",
-                "disabled": "disabled"}.get(environ.get("WANDB_MODE", "").lower())
+    from_env = {
+        "online": "online",
+        "run": "online",
+        "offline": "offline",
+        "dryrun": "offline",
+        "disabled": "disabled",
+    }.get(environ.get("WANDB_MODE", "").lower())
     if from_env:
         return from_env
     return "online" if has_credentials(environ) else "offline"
@@ -128,7 +133,7 @@ def sweep_name(sweep_dir: Path) -> str:
 def _clean(text: str, limit: int) -> str:
     """No whitespace, and at most `limit` characters (wandb's limits: names 128, tags 64)."""
     text = re.sub(r"\s+", "", text)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def numeric_fields(row: Mapping) -> dict:
@@ -147,9 +152,17 @@ def numeric_fields(row: Mapping) -> dict:
 class WandbLog:
     """A sink that sends rows to one wandb run; never raises, never blocks the caller for long."""
 
-    def __init__(self, settings, run_dir: str | os.PathLike, *, config: Optional[dict] = None,
-                 group: Optional[str] = None, name: Optional[str] = None, tags: Iterable[str] = (),
-                 job_type: Optional[str] = "train"):
+    def __init__(
+        self,
+        settings,
+        run_dir: str | os.PathLike,
+        *,
+        config: Optional[dict] = None,
+        group: Optional[str] = None,
+        name: Optional[str] = None,
+        tags: Iterable[str] = (),
+        job_type: Optional[str] = "train",
+    ):
         self.mode = resolve_mode(_value(settings.mode))
         self.run_dir = Path(run_dir)
         self.run = None
@@ -167,18 +180,25 @@ class WandbLog:
             self._fail(f"cannot keep the run id in {self.run_dir}: {error}")
             return
         init_kwargs = dict(
-            project=settings.project, entity=settings.entity, group=settings.group or group,
-            name=settings.name or name, tags=_unique([*tags, *settings.tags]) or None,
-            config=config, job_type=job_type, dir=str(self.run_dir), mode=self.mode,
-            id=self.run_id, resume="allow",
+            project=settings.project,
+            entity=settings.entity,
+            group=settings.group or group,
+            name=settings.name or name,
+            tags=_unique([*tags, *settings.tags]) or None,
+            config=config,
+            job_type=job_type,
+            dir=str(self.run_dir),
+            mode=self.mode,
+            id=self.run_id,
+            resume="allow",
         )
-        self._thread = threading.Thread(target=self._work, args=(init_kwargs, settings.init_timeout_s),
-                                        name="wandb", daemon=True)
+        self._thread = threading.Thread(
+            target=self._work, args=(init_kwargs, settings.init_timeout_s), name="wandb", daemon=True
+        )
         self._thread.start()
         # A little longer than wandb's own deadline, which normally ends a stuck start first.
         if not self._ready.wait(settings.init_timeout_s + min(10.0, settings.init_timeout_s)):
-            self._fail(f"wandb did not start within {settings.init_timeout_s:g} s "
-                       "(logger.wandb.init_timeout_s)")
+            self._fail(f"wandb did not start within {settings.init_timeout_s:g} s (logger.wandb.init_timeout_s)")
 
     @property
     def active(self) -> bool:
@@ -188,8 +208,12 @@ class WandbLog:
         """Queues a logs.csv row: its numeric fields, at x = row['step']."""
         self.log(numeric_fields(row))
 
-    def log(self, metrics: Mapping, videos: Optional[Mapping[str, str | os.PathLike]] = None,
-            summary: Optional[Mapping] = None) -> None:
+    def log(
+        self,
+        metrics: Mapping,
+        videos: Optional[Mapping[str, str | os.PathLike]] = None,
+        summary: Optional[Mapping] = None,
+    ) -> None:
         """Queues metrics (a `step` key sets their x), video files to upload and summary values."""
         if not self.active:
             return
@@ -212,8 +236,7 @@ class WandbLog:
         if thread.is_alive():
             self._fail(f"wandb did not finish within {timeout_s:g} s")
         elif self.mode == "offline" and self.sync_dir and not self._failed.is_set():
-            log.info("wandb: offline run %s saved; upload it with:  wandb sync %s", self.run_id,
-                     self.sync_dir)
+            log.info("wandb: offline run %s saved; upload it with:  wandb sync %s", self.run_id, self.sync_dir)
 
     # The wandb thread: every wandb call happens here.
 
@@ -221,8 +244,9 @@ class WandbLog:
         try:
             import wandb
 
-            run = wandb.init(**init_kwargs, settings=wandb.Settings(
-                init_timeout=init_timeout_s, silent=True, console="off"))
+            run = wandb.init(
+                **init_kwargs, settings=wandb.Settings(init_timeout=init_timeout_s, silent=True, console="off")
+            )
         except BaseException as error:  # anything, even a KeyboardInterrupt-like exit of wandb
             self._fail(f"wandb did not start: {_first_line(error)}")
             self._ready.set()
@@ -283,4 +307,3 @@ def _unique(items: Iterable[str]) -> list:
 
 def _value(mode) -> str:
     return mode.value if hasattr(mode, "value") else str(mode)
-

@@ -20,6 +20,5 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
         try:
             return super().launch(job_overrides, initial_job_idx)
         except (UncompletedJobError, FailedJobError) as error:
-            print(f"error: a sweep job failed (sweep dir {self.config.hydra.sweep.dir}):\n{error}",
-                  file=sys.stderr)
+            print(f"error: a sweep job failed (sweep dir {self.config.hydra.sweep.dir}):\n{error}", file=sys.stderr)
             sys.exit(1)

@@ -29,8 +29,12 @@ log = logging.getLogger(__name__)
 FINISHED, REFUSED, UNREACHABLE = 0, 2, 3
 
 # A refusal the client cannot fix by retrying: wrong token, env or message.
-PERMANENT = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
-             grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT}
+PERMANENT = {
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.INVALID_ARGUMENT,
+}
 
 
 class ClientRefused(RuntimeError):
@@ -48,8 +52,15 @@ def channel_options(max_message_bytes: int) -> list:
 
 
 class EnvClient:
-    def __init__(self, env_cfg: EnvConfig, address: str, token: str, num_envs: int,
-                 connect_timeout_s: float, max_message_bytes: int):
+    def __init__(
+        self,
+        env_cfg: EnvConfig,
+        address: str,
+        token: str,
+        num_envs: int,
+        connect_timeout_s: float,
+        max_message_bytes: int,
+    ):
         self.env_cfg = env_cfg
         self.address = address
         self.token = token
@@ -79,8 +90,12 @@ class EnvClient:
                     if self.outputs is not None:  # we were connected: wait afresh for the learner
                         deadline = max(deadline, time.monotonic() + self.connect_timeout_s)
                     if time.monotonic() > deadline:
-                        log.error("No learner at %s for %.0f s (%s); giving up (backend.connect_timeout_s).",
-                                  self.address, self.connect_timeout_s, lost)
+                        log.error(
+                            "No learner at %s for %.0f s (%s); giving up (backend.connect_timeout_s).",
+                            self.address,
+                            self.connect_timeout_s,
+                            lost,
+                        )
                         return UNREACHABLE
                     time.sleep(backoff)
                     backoff = min(2 * backoff, 2.0)
@@ -93,7 +108,7 @@ class EnvClient:
         restarted learner may serve on another port)."""
         if not self.address.startswith(ADDRESS_FILE_PREFIX):
             return self.address
-        path = Path(self.address[len(ADDRESS_FILE_PREFIX):])
+        path = Path(self.address[len(ADDRESS_FILE_PREFIX) :])
         try:
             return path.read_text().strip()
         except OSError:
@@ -107,8 +122,9 @@ class EnvClient:
                 grpc.channel_ready_future(channel).result(timeout=2.0)
             except grpc.FutureTimeoutError:
                 raise ConnectionError("cannot connect") from None
-            connect = channel.stream_stream(wire.CONNECT, request_serializer=None,
-                                            response_deserializer=wire.ServerMessage.FromString)
+            connect = channel.stream_stream(
+                wire.CONNECT, request_serializer=None, response_deserializer=wire.ServerMessage.FromString
+            )
             outgoing = queue.SimpleQueue()
             responses = connect(iter(outgoing.get, None), metadata=((wire.TOKEN_METADATA_KEY, self.token),))
             try:
@@ -127,8 +143,9 @@ class EnvClient:
             kind = message.WhichOneof("kind")
             if kind == "welcome":
                 if self.envs is None:
-                    self.envs = Environments(self.env_cfg, self.num_envs, seed=message.welcome.seed,
-                                             episodic_life=self.env_cfg.episodic_life)
+                    self.envs = Environments(
+                        self.env_cfg, self.num_envs, seed=message.welcome.seed, episodic_life=self.env_cfg.episodic_life
+                    )
                     self.outputs = self.envs.initial()
                 # After a reconnect the envs carry on where they were; the server starts fresh unrolls.
             elif kind == "actions":
@@ -152,8 +169,15 @@ class EnvClient:
         return message.SerializeToString()
 
 
-def client_main(env_cfg: EnvConfig, address: str, token: str, num_envs: int, connect_timeout_s: float,
-                max_message_bytes: int, ignore_sigint: bool) -> None:
+def client_main(
+    env_cfg: EnvConfig,
+    address: str,
+    token: str,
+    num_envs: int,
+    connect_timeout_s: float,
+    max_message_bytes: int,
+    ignore_sigint: bool,
+) -> None:
     """A client process's entry point (spawned by role=all or role=env)."""
     if ignore_sigint:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us

@@ -20,8 +20,9 @@ Emit = Callable[[dict, tuple], None]  # (rollout [T+1, ...] tensors, core state 
 
 
 class RolloutBuilder:
-    def __init__(self, specs: dict, num_envs: int, unroll_length: int, initial_state: tuple,
-                 cut_at_reset: bool, emit: Emit):
+    def __init__(
+        self, specs: dict, num_envs: int, unroll_length: int, initial_state: tuple, cut_at_reset: bool, emit: Emit
+    ):
         """specs: rollout_specs(); initial_state: each env's core state, tensors [num_envs, ...]."""
         self.unroll_length = unroll_length
         self.cut_at_reset = cut_at_reset
@@ -29,7 +30,8 @@ class RolloutBuilder:
         self.envs = np.arange(num_envs)
         self.rows = {
             key: np.zeros((unroll_length + 1, num_envs, *shape), _numpy_dtype(dtype))
-            for key, (shape, dtype) in specs.items() if key != "mask"
+            for key, (shape, dtype) in specs.items()
+            if key != "mask"
         }
         self.cursor = np.full(num_envs, -1)  # each env's last written row
         # The policy outputs that chose the envs' current actions; they go into the next row.

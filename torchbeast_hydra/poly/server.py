@@ -41,9 +41,19 @@ class Refused(Exception):
 class ActorPool:
     """The service behind ActorPool/Connect; one instance serves every client."""
 
-    def __init__(self, spec: EnvSpec, env_id: str, inference: DynamicBatcher, initial_state,
-                 emit: Emit, token: str, unroll_length: int, cut_at_reset: bool,
-                 max_envs_per_client: int, seed: int):
+    def __init__(
+        self,
+        spec: EnvSpec,
+        env_id: str,
+        inference: DynamicBatcher,
+        initial_state,
+        emit: Emit,
+        token: str,
+        unroll_length: int,
+        cut_at_reset: bool,
+        max_envs_per_client: int,
+        seed: int,
+    ):
         self.spec = spec
         self.env_id = env_id
         self.inference = inference
@@ -64,8 +74,8 @@ class ActorPool:
     def handler(self) -> grpc.GenericRpcHandler:
         # Requests arrive as bytes and are parsed here, so garbage gets our status and message.
         method = grpc.stream_stream_rpc_method_handler(
-            self.connect, request_deserializer=None,
-            response_serializer=wire.ServerMessage.SerializeToString)
+            self.connect, request_deserializer=None, response_serializer=wire.ServerMessage.SerializeToString
+        )
         return grpc.method_handlers_generic_handler(wire.SERVICE, {"Connect": method})
 
     def connect(self, requests, context):
@@ -94,8 +104,10 @@ class ActorPool:
             else:
                 return  # the client closed its stream
             if not self.finished:
-                raise Refused(grpc.StatusCode.UNAVAILABLE, "the learner stopped before the end of training; "
-                                                           "reconnect to it when it is restarted")
+                raise Refused(
+                    grpc.StatusCode.UNAVAILABLE,
+                    "the learner stopped before the end of training; reconnect to it when it is restarted",
+                )
             yield wire.ServerMessage(finished=wire.Finished(reason="training finished"))
         except Refused as refused:
             if refused.code is not grpc.StatusCode.UNAVAILABLE:
@@ -109,8 +121,11 @@ class ActorPool:
                 with self._lock:
                     self.connected -= 1
                 if not self.stopping.is_set():
-                    log.info("Client %d left; its %d unfinished unrolls go to the learner as partial rollouts.",
-                             client_id, partial)
+                    log.info(
+                        "Client %d left; its %d unfinished unrolls go to the learner as partial rollouts.",
+                        client_id,
+                        partial,
+                    )
 
     def stop(self, finished: bool) -> None:
         """Ends every stream at its next step: clients exit when finished, else they reconnect."""
@@ -120,8 +135,10 @@ class ActorPool:
     def _authenticate(self, context) -> None:
         token = dict(context.invocation_metadata()).get(wire.TOKEN_METADATA_KEY, "")
         if not hmac.compare_digest(token.encode(), self.token):
-            raise Refused(grpc.StatusCode.UNAUTHENTICATED,
-                          "missing or wrong token: start clients with the learner's TORCHBEAST_TOKEN")
+            raise Refused(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or wrong token: start clients with the learner's TORCHBEAST_TOKEN",
+            )
 
     def _hello(self, raw: bytes | None):
         if raw is None:
@@ -136,21 +153,25 @@ class ActorPool:
         theirs = (tuple(hello.obs_shape), hello.obs_dtype, hello.num_actions)
         ours = (tuple(spec.obs_shape), np.dtype(spec.obs_dtype).name, spec.num_actions)
         if theirs != ours:
-            raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"the client's env {hello.env_id} (observations {theirs[1]} {list(theirs[0])}, "
-                          f"{theirs[2]} actions) does not match the learner's {self.env_id} "
-                          f"({ours[1]} {list(ours[0])}, {ours[2]} actions): start clients with the same env config")
+            raise Refused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the client's env {hello.env_id} (observations {theirs[1]} {list(theirs[0])}, "
+                f"{theirs[2]} actions) does not match the learner's {self.env_id} "
+                f"({ours[1]} {list(ours[0])}, {ours[2]} actions): start clients with the same env config",
+            )
         if not 1 <= hello.num_envs <= self.max_envs_per_client:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"num_envs={hello.num_envs} must be in [1, {self.max_envs_per_client}] "
-                          "(backend.max_envs_per_client)")
+            raise Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"num_envs={hello.num_envs} must be in [1, {self.max_envs_per_client}] (backend.max_envs_per_client)",
+            )
         return hello
 
     def _step(self, raw: bytes, num_envs: int) -> dict:
         try:
             message = wire.parse(wire.ClientMessage, raw)
-            return wire.decode_step(message, num_envs, self.spec.obs_shape,
-                                    np.dtype(self.spec.obs_dtype).name, self.spec.num_actions)
+            return wire.decode_step(
+                message, num_envs, self.spec.obs_shape, np.dtype(self.spec.obs_dtype).name, self.spec.num_actions
+            )
         except wire.WireError as error:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed step: {error}") from None
 
@@ -161,8 +182,9 @@ class Session:
     def __init__(self, pool: ActorPool, num_envs: int):
         self.inference = pool.inference
         self.core_state = pool.initial_state(num_envs)
-        self.builder = RolloutBuilder(rollout_specs(pool.spec), num_envs, pool.unroll_length,
-                                      self.core_state, pool.cut_at_reset, pool.emit)
+        self.builder = RolloutBuilder(
+            rollout_specs(pool.spec), num_envs, pool.unroll_length, self.core_state, pool.cut_at_reset, pool.emit
+        )
 
     def step(self, env_outputs: dict) -> np.ndarray:
         self.builder.add(env_outputs, self.core_state)
