@@ -110,7 +110,8 @@ def test_readme_loss_term_is_trained_on_and_logged(readme):
     logged = rows(run_dir)
     assert int(logged[-1]["step"]) == 640
     kl = [float(row["kl_loss"]) for row in logged]
-    assert all(value >= 0 for value in kl) and any(value > 0 for value in kl)  # a KL, times its cost
+    # A KL (times its cost): never below zero beyond rounding, and above it once the policy has moved.
+    assert all(value >= -1e-5 for value in kl) and any(value > 1e-5 for value in kl)
     total = float(logged[-1]["total_loss"])
     parts = sum(float(logged[-1][key]) for key in ("pg_loss", "baseline_loss", "entropy_loss", "kl_loss"))
     assert total == pytest.approx(parts, rel=1e-4, abs=1e-5)
