@@ -61,8 +61,14 @@ class MemorySampler(threading.Thread):
 
 def cli_command(run_dir: Path, overrides: list) -> list:
     # wandb off unless an override turns it on: the figures measure training, as before wandb.
-    return [sys.executable, "-m", "torchbeast_hydra", f"hydra.run.dir={run_dir}", "logger.wandb.mode=disabled",
-            *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "torchbeast_hydra",
+        f"hydra.run.dir={run_dir}",
+        "logger.wandb.mode=disabled",
+        *overrides,
+    ]
 
 
 def train(run_dir: Path, overrides: list, seconds: float | None = None, timeout: float = 3600):

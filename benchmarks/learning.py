@@ -147,8 +147,13 @@ def write_tables(results: dict, out: Path, machine: str, command: str) -> str:
         writer = csv.DictWriter(f, fields)
         writer.writeheader()
         writer.writerows({"run": label, **summary} for label, summary in results.items())
-    lines = [f"machine: {machine}", f"command: `{command}`", "",
-             "| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]
+    lines = [
+        f"machine: {machine}",
+        f"command: `{command}`",
+        "",
+        "| " + " | ".join(fields) + " |",
+        "|" + "---|" * len(fields),
+    ]
     for label, summary in results.items():
         lines.append("| " + " | ".join(str(v if v is not None else "-") for v in [label, *summary.values()]) + " |")
     text = "\n".join(lines) + "\n"
@@ -190,8 +195,7 @@ def main() -> None:
                 overrides = [*task.overrides, f"backend={backend}", f"seed={seed}", *args.overrides]
                 started = time.monotonic()
                 rc = train(run_dir, overrides, max_steps, reached)
-                print(f"{backend} seed {seed}: exit {rc} after {(time.monotonic() - started) / 60:.0f} min",
-                      flush=True)
+                print(f"{backend} seed {seed}: exit {rc} after {(time.monotonic() - started) / 60:.0f} min", flush=True)
                 run_dirs.append(run_dir)
 
     curves, results = {}, {}

@@ -95,10 +95,17 @@ def train_for_updates(run_dir: Path, overrides: list, updates: int, seconds: flo
     import subprocess
     import time
 
-    command = [sys.executable, "-m", "torchbeast_hydra", f"hydra.run.dir={run_dir}", "logger.wandb.mode=disabled",
-               *overrides]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               cwd=Path(__file__).resolve().parent.parent)
+    command = [
+        sys.executable,
+        "-m",
+        "torchbeast_hydra",
+        f"hydra.run.dir={run_dir}",
+        "logger.wandb.mode=disabled",
+        *overrides,
+    ]
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parent.parent
+    )
     sampler = MemorySampler(process.pid)
     sampler.start()
     deadline, logged = time.monotonic() + seconds, 0
@@ -132,8 +139,11 @@ def main() -> None:
         needed = estimate([*COMMON, *overrides])
         with tempfile.TemporaryDirectory() as tmp:
             updates, peak = train_for_updates(Path(tmp) / "run", [*COMMON, *overrides], args.updates, args.seconds)
-        print(f"{' '.join(overrides):45s} peak {peak / GiB:5.2f} GiB  estimate {needed.ram_total / GiB:5.2f} GiB "
-              f"({needed.ram_total / peak:4.2f}x)  after {updates} updates", flush=True)
+        print(
+            f"{' '.join(overrides):45s} peak {peak / GiB:5.2f} GiB  estimate {needed.ram_total / GiB:5.2f} GiB "
+            f"({needed.ram_total / peak:4.2f}x)  after {updates} updates",
+            flush=True,
+        )
         print(f"    {summary(needed)}", flush=True)
 
 

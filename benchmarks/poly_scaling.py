@@ -39,8 +39,11 @@ def main() -> None:
             print(f"{clients:>7} too few updates after the warm-up; raise --seconds")
             continue
         sps = (rows[-1]["step"] - rows[0]["step"]) / (rows[-1]["time_s"] - rows[0]["time_s"])
-        print(f"{clients:>7} {sps:>8,.0f} {mean_of(rows, 'inference_batch_size'):>16.1f} "
-              f"{mean_of(rows, 'inference_ms'):>13.2f} {mean_of(rows, 'learner_queue_size'):>14.1f}", flush=True)
+        print(
+            f"{clients:>7} {sps:>8,.0f} {mean_of(rows, 'inference_batch_size'):>16.1f} "
+            f"{mean_of(rows, 'inference_ms'):>13.2f} {mean_of(rows, 'learner_queue_size'):>14.1f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ OBS = dict(pong=((4, 84, 84), "uint8", 6), cartpole=((4,), "float32", 2))
 
 # -- CPU time and GPU utilisation -------------------------------------------------------------------
 
+
 def cpu_seconds(pids: list) -> float:
     """user + system CPU seconds of these processes so far (from /proc; 0 where unreadable)."""
     ticks = os.sysconf("SC_CLK_TCK")
@@ -68,8 +69,12 @@ class GpuSampler(threading.Thread):
     def run(self):
         while self.available and not self._finished.wait(1.0):
             try:
-                out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
-                                     capture_output=True, text=True, timeout=5).stdout
+                out = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                    capture_output=True,
+                    text=True,
+                    timeout=5,
+                ).stdout
                 self.samples.append(float(out.split()[0]))
             except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
                 return
@@ -84,6 +89,7 @@ class GpuSampler(threading.Thread):
 
 # -- train mode ---------------------------------------------------------------------------------------
 
+
 def run_backend(backend: str, overrides: list, warmup: float, seconds: float) -> dict:
     gpu = GpuSampler()
     gpu.start()
@@ -94,11 +100,13 @@ def run_backend(backend: str, overrides: list, warmup: float, seconds: float) ->
     utilisation = gpu.stop()
     steady = [row for row in rows if row["time_s"] >= warmup]
     if len(steady) < 2:
-        sys.exit(f"{backend}: too few learner updates after the warm-up ({len(rows)} in all, exit {rc}); "
-                 "raise --seconds")
+        sys.exit(
+            f"{backend}: too few learner updates after the warm-up ({len(rows)} in all, exit {rc}); raise --seconds"
+        )
     elapsed = steady[-1]["time_s"] - steady[0]["time_s"]
-    return dict(rows=steady, sps=(steady[-1]["step"] - steady[0]["step"]) / elapsed, gpu=utilisation,
-                peak=peak, elapsed=elapsed)
+    return dict(
+        rows=steady, sps=(steady[-1]["step"] - steady[0]["step"]) / elapsed, gpu=utilisation, peak=peak, elapsed=elapsed
+    )
 
 
 def breakdown(rows: list, raw_env_sps: float) -> dict:
@@ -136,9 +144,12 @@ def train_mode(args) -> None:
         raw = env_steps_per_second(env_id)  # in the same run, just before: the machine as it is now
         result = run_backend(backend, args.overrides, args.warmup, args.seconds)
         sps = result["sps"]
-        print(f"\n{backend}: {sps:,.0f} steps/s over {result['elapsed']:.0f} s, {sps / cores:,.0f} per core, "
-              f"efficiency {sps / (cores * raw):.2f} (raw env {raw:,.0f} steps/s on one core); "
-              f"GPU {result['gpu']}; peak memory {result['peak'] / 2**20:,.0f} MiB", flush=True)
+        print(
+            f"\n{backend}: {sps:,.0f} steps/s over {result['elapsed']:.0f} s, {sps / cores:,.0f} per core, "
+            f"efficiency {sps / (cores * raw):.2f} (raw env {raw:,.0f} steps/s on one core); "
+            f"GPU {result['gpu']}; peak memory {result['peak'] / 2**20:,.0f} MiB",
+            flush=True,
+        )
         budget = cores * 1e6 / sps
         print(f"  per step: {budget:,.0f} core-us available at this rate on {cores} cores; of which")
         parts = breakdown(result["rows"], raw)
@@ -148,6 +159,7 @@ def train_mode(args) -> None:
 
 
 # -- pipeline mode --------------------------------------------------------------------------------
+
 
 class FixedFrames:
     """A zero-cost env maker for EnvClient: the same frames every step, no episode ever ends."""
@@ -163,10 +175,15 @@ class FixedFrames:
 
 class _Fixed:
     def __init__(self, spec, n: int):
-        self.out = dict(frame=np.full((n, *spec.obs_shape), 7, spec.obs_dtype), reward=np.zeros(n, np.float32),
-                        done=np.zeros(n, bool), episode_return=np.zeros(n, np.float32),
-                        episode_step=np.zeros(n, np.int32), last_action=np.zeros(n, np.int64),
-                        episode_end=np.zeros(n, bool))
+        self.out = dict(
+            frame=np.full((n, *spec.obs_shape), 7, spec.obs_dtype),
+            reward=np.zeros(n, np.float32),
+            done=np.zeros(n, bool),
+            episode_return=np.zeros(n, np.float32),
+            episode_step=np.zeros(n, np.int32),
+            last_action=np.zeros(n, np.int64),
+            episode_end=np.zeros(n, bool),
+        )
 
     def initial(self) -> dict:
         return self.out
@@ -185,8 +202,9 @@ def trivial_policy(num_actions: int):
 
     def policy(inputs: dict) -> dict:
         n = inputs["frame"].shape[0]
-        return dict(action=torch.zeros(n, dtype=torch.int64), policy_logits=torch.zeros(n, num_actions),
-                    baseline=torch.zeros(n))
+        return dict(
+            action=torch.zeros(n, dtype=torch.int64), policy_logits=torch.zeros(n, num_actions), baseline=torch.zeros(n)
+        )
 
     return policy
 
@@ -205,12 +223,28 @@ class NullLearner:
         self.args = args
         self.token = secrets.token_urlsafe(16)
         self.rollouts = RolloutQueue(args.learner_queue_size)
-        self.inference = DynamicBatcher(trivial_policy(maker.spec.num_actions), args.max_batch_size,
-                                        args.batch_timeout_ms / 1000, producers=lambda: self.pool.connected,
-                                        setup=lambda: torch.set_num_threads(1), name="inference")
-        self.pool = ActorPool(maker.spec, "FixedFrames", self.inference, lambda n: (), self._enqueue, self.token,
-                              args.unroll_length, True, max(args.envs), seed=0, max_clients=max(args.clients),
-                              chunk_size=args.batch_size)
+        self.inference = DynamicBatcher(
+            trivial_policy(maker.spec.num_actions),
+            args.max_batch_size,
+            args.batch_timeout_ms / 1000,
+            producers=lambda: self.pool.connected,
+            setup=lambda: torch.set_num_threads(1),
+            name="inference",
+        )
+        self.pool = ActorPool(
+            maker.spec,
+            "FixedFrames",
+            self.inference,
+            lambda n: (),
+            self._enqueue,
+            self.token,
+            args.unroll_length,
+            True,
+            max(args.envs),
+            seed=0,
+            max_clients=max(args.clients),
+            chunk_size=args.batch_size,
+        )
         self.max_bytes = wire.max_message_bytes(maker.spec.obs_shape, maker.spec.obs_dtype, max(args.envs))
         self.server, port = make_server(self.pool, "127.0.0.1:0", self.max_bytes)
         self.address = f"127.0.0.1:{port}"
@@ -252,9 +286,14 @@ def start_clients(maker, address: str, token: str, clients: int, envs: int, max_
     from torchbeast_hydra.poly.client import client_main
 
     ctx = mp.get_context("spawn")
-    processes = [ctx.Process(target=client_main, daemon=True,
-                             args=(EnvConfig(id="FixedFrames"), address, token, envs, 60, max_bytes, True, maker))
-                 for _ in range(clients)]
+    processes = [
+        ctx.Process(
+            target=client_main,
+            daemon=True,
+            args=(EnvConfig(id="FixedFrames"), address, token, envs, 60, max_bytes, True, maker),
+        )
+        for _ in range(clients)
+    ]
     for process in processes:
         process.start()
     return processes
@@ -280,11 +319,16 @@ def measure_null(maker, args, clients: int, envs: int) -> dict:
             process.join(timeout=10)
             if process.is_alive():
                 process.kill()
-    return dict(sps=steps / elapsed, cpu_us=1e6 * cpu / max(steps, 1), learner_cpu_us=1e6 * own / max(steps, 1),
-                steps=steps,
-                gather_us=1e6 * gather / max(steps, 1), batches=batches,
-                inference_batch=np.mean([size for size, _ in inference]) if inference else 0.0,
-                server_us=server_us)
+    return dict(
+        sps=steps / elapsed,
+        cpu_us=1e6 * cpu / max(steps, 1),
+        learner_cpu_us=1e6 * own / max(steps, 1),
+        steps=steps,
+        gather_us=1e6 * gather / max(steps, 1),
+        batches=batches,
+        inference_batch=np.mean([size for size, _ in inference]) if inference else 0.0,
+        server_us=server_us,
+    )
 
 
 def measure_cli(maker, args, clients: int, envs: int) -> dict:
@@ -297,11 +341,20 @@ def measure_cli(maker, args, clients: int, envs: int) -> dict:
     max_bytes = wire.max_message_bytes(maker.spec.obs_shape, maker.spec.obs_dtype, max(envs, 256))
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        command = cli_command(run_dir, ["backend=poly", "backend.role=learner", "total_steps=1000000000",
-                                        "checkpoint_interval_s=100000", f"backend.max_envs_per_client={max(envs, 256)}",
-                                        *args.overrides])
-        learner = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                   env=dict(os.environ, TORCHBEAST_TOKEN=token))
+        command = cli_command(
+            run_dir,
+            [
+                "backend=poly",
+                "backend.role=learner",
+                "total_steps=1000000000",
+                "checkpoint_interval_s=100000",
+                f"backend.max_envs_per_client={max(envs, 256)}",
+                *args.overrides,
+            ],
+        )
+        learner = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, TORCHBEAST_TOKEN=token)
+        )
         processes = []
         try:
             address_file = run_dir / "actorpool_address"
@@ -326,33 +379,47 @@ def measure_cli(maker, args, clients: int, envs: int) -> dict:
         sys.exit("too few learner updates after the warm-up; raise --seconds")
     steps, elapsed = rows[-1]["step"] - rows[0]["step"], rows[-1]["time_s"] - rows[0]["time_s"]
     measured = max(steps * args.seconds / elapsed, 1)
-    return dict(sps=steps / elapsed, cpu_us=1e6 * cpu / measured, learner_cpu_us=1e6 * own / measured, steps=steps,
-                gather_us=1000 * (mean_of(rows, "gather_ms") or 0) / np.mean(np.diff([r["step"] for r in rows])),
-                inference_batch=mean_of(rows, "inference_batch_size") or 0.0,
-                server_us=mean_of(rows, "server_us_per_step"),
-                update_us=1000 * (mean_of(rows, "update_ms") or 0) / np.mean(np.diff([r["step"] for r in rows])),
-                queue=mean_of(rows, "learner_queue_size"))
+    return dict(
+        sps=steps / elapsed,
+        cpu_us=1e6 * cpu / measured,
+        learner_cpu_us=1e6 * own / measured,
+        steps=steps,
+        gather_us=1000 * (mean_of(rows, "gather_ms") or 0) / np.mean(np.diff([r["step"] for r in rows])),
+        inference_batch=mean_of(rows, "inference_batch_size") or 0.0,
+        server_us=mean_of(rows, "server_us_per_step"),
+        update_us=1000 * (mean_of(rows, "update_ms") or 0) / np.mean(np.diff([r["step"] for r in rows])),
+        queue=mean_of(rows, "learner_queue_size"),
+    )
 
 
 def pipeline_mode(args) -> None:
     maker = FixedFrames(*OBS[args.obs])
     print(f"machine: {platform_line()}; load average {os.getloadavg()[0]:.1f} at the start")
-    shape = (f"B={args.batch_size}, T={args.unroll_length}, max_batch_size={args.max_batch_size}"
-             if args.learner == "none" else f"the learner's config: {' '.join(args.overrides) or 'defaults'}")
-    print(f"pipeline: {args.obs} frames {list(maker.spec.obs_shape)} {maker.spec.obs_dtype}, "
-          f"learner={args.learner}, {shape}, {args.warmup:g} s warm-up + {args.seconds:g} s")
+    shape = (
+        f"B={args.batch_size}, T={args.unroll_length}, max_batch_size={args.max_batch_size}"
+        if args.learner == "none"
+        else f"the learner's config: {' '.join(args.overrides) or 'defaults'}"
+    )
+    print(
+        f"pipeline: {args.obs} frames {list(maker.spec.obs_shape)} {maker.spec.obs_dtype}, "
+        f"learner={args.learner}, {shape}, {args.warmup:g} s warm-up + {args.seconds:g} s"
+    )
     extra = "  update us/step  queue" if args.learner == "cli" else ""
-    print(f"{'clients':>7} {'envs/client':>11} {'env-steps/s':>12} {'wall us/step':>12} {'CPU us/step':>11} "
-          f"{'of it learner process':>21} "
-          f"{'server us/step':>14} {'gather us/step':>14} {'inference batch':>15}{extra}")
+    print(
+        f"{'clients':>7} {'envs/client':>11} {'env-steps/s':>12} {'wall us/step':>12} {'CPU us/step':>11} "
+        f"{'of it learner process':>21} "
+        f"{'server us/step':>14} {'gather us/step':>14} {'inference batch':>15}{extra}"
+    )
     measure = measure_cli if args.learner == "cli" else measure_null
     for clients in args.clients:
         for envs in args.envs:
             r = measure(maker, args, clients, envs)
             server = f"{r['server_us']:.1f}" if r.get("server_us") is not None else "-"
-            line = (f"{clients:>7} {envs:>11} {r['sps']:>12,.0f} {1e6 / r['sps']:>12.1f} {r['cpu_us']:>11.1f} "
-                    f"{r['learner_cpu_us']:>21.1f} "
-                    f"{server:>14} {r['gather_us']:>14.1f} {r['inference_batch']:>15.1f}")
+            line = (
+                f"{clients:>7} {envs:>11} {r['sps']:>12,.0f} {1e6 / r['sps']:>12.1f} {r['cpu_us']:>11.1f} "
+                f"{r['learner_cpu_us']:>21.1f} "
+                f"{server:>14} {r['gather_us']:>14.1f} {r['inference_batch']:>15.1f}"
+            )
             if args.learner == "cli":
                 line += f" {r['update_us']:>15.1f} {r['queue'] or 0:>6.1f}"
             print(line, flush=True)
@@ -370,8 +437,12 @@ def main() -> None:
     pipe.add_argument("--clients", type=int, nargs="+", default=[2])
     pipe.add_argument("--envs", type=int, nargs="+", default=[64], help="envs per client (per message)")
     pipe.add_argument("--obs", choices=sorted(OBS), default="pong")
-    pipe.add_argument("--learner", choices=["none", "cli"], default="none",
-                      help="none: batches stacked and dropped; cli: the real learner with the overrides")
+    pipe.add_argument(
+        "--learner",
+        choices=["none", "cli"],
+        default="none",
+        help="none: batches stacked and dropped; cli: the real learner with the overrides",
+    )
     pipe.add_argument("--batch-size", type=int, default=8)
     pipe.add_argument("--unroll-length", type=int, default=80)
     pipe.add_argument("--max-batch-size", type=int, default=512, help="envs per central inference pass")

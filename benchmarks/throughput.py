@@ -23,8 +23,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import platform_line, read_log, train  # noqa: E402
 
-DEFAULTS = ["env=pong", "model=atari_net", "batch_size=8", "unroll_length=80", "total_steps=1000000000",
-            "checkpoint_interval_s=100000"]
+DEFAULTS = [
+    "env=pong",
+    "model=atari_net",
+    "batch_size=8",
+    "unroll_length=80",
+    "total_steps=1000000000",
+    "checkpoint_interval_s=100000",
+]
 
 
 def env_steps_per_second(env_id: str, seconds: float = 5.0) -> float:
@@ -64,8 +70,10 @@ def main() -> None:
     print(f"config:        {' '.join(args.overrides) or '(defaults)'}  [{' '.join(DEFAULTS)}]")
     print(f"machine:       {platform_line()}")
     print(f"raw env:       {raw:,.0f} steps/s ({env_id}, one env, one core, random actions)")
-    print(f"training:      {sps:,.0f} steps/s over {steady[-1]['time_s'] - steady[0]['time_s']:.0f} s "
-          f"after {args.warmup:.0f} s warm-up ({rows[-1]['step']:,} steps in {wall:.0f} s wall, exit {rc})")
+    print(
+        f"training:      {sps:,.0f} steps/s over {steady[-1]['time_s'] - steady[0]['time_s']:.0f} s "
+        f"after {args.warmup:.0f} s warm-up ({rows[-1]['step']:,} steps in {wall:.0f} s wall, exit {rc})"
+    )
     print(f"peak memory:   {peak / 2**20:,.0f} MiB (PSS, whole process tree)")
     print_breakdown(steady, sps, raw)
 

@@ -46,17 +46,30 @@ def cli_env(**extra: str | None) -> dict:
     return {key: value for key, value in env.items() if value is not None}
 
 
-def run_cli(run_dir: Path, *overrides: str, timeout: float = 180, check: bool = True,
-            env: dict | None = None, multirun: bool = False):
+def run_cli(
+    run_dir: Path,
+    *overrides: str,
+    timeout: float = 180,
+    check: bool = True,
+    env: dict | None = None,
+    multirun: bool = False,
+):
     """Runs `python -m torchbeast_hydra` with its run dir at run_dir; returns the CompletedProcess.
 
     multirun: `-m`, with run_dir as the sweep dir.
     """
     dir_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    command = [sys.executable, "-m", "torchbeast_hydra", *(["-m"] if multirun else []),
-               f"{dir_key}={run_dir}", *overrides]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                            env=env if env is not None else cli_env())
+    command = [
+        sys.executable,
+        "-m",
+        "torchbeast_hydra",
+        *(["-m"] if multirun else []),
+        f"{dir_key}={run_dir}",
+        *overrides,
+    ]
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, env=env if env is not None else cli_env()
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"{command} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
     return result
@@ -105,8 +118,9 @@ def start_cli(run_dir, *overrides, env=None):
 
     env: variables to add to cli_env() (None removes one)."""
     command = [sys.executable, "-m", "torchbeast_hydra", f"hydra.run.dir={run_dir}", *overrides]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=cli_env(**(env or {})))
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(**(env or {}))
+    )
 
 
 @pytest.fixture
@@ -123,8 +137,14 @@ REPO = Path(__file__).resolve().parent.parent
 def run_sweep(sweep_dir, *overrides, timeout: float, env=None):
     """`python -m torchbeast_hydra -m ...` into sweep_dir, bounded in time; returns the CompletedProcess."""
     command = [sys.executable, "-m", "torchbeast_hydra", "-m", f"hydra.sweep.dir={sweep_dir}", *overrides]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env=dict(os.environ if env is None else env, HYDRA_FULL_ERROR="0"))
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env=dict(os.environ if env is None else env, HYDRA_FULL_ERROR="0"),
+    )
 
 
 def _cluster_up() -> bool:
@@ -152,8 +172,9 @@ def slurm_cluster():
     start = subprocess.run([str(REPO / "scripts/slurm/start.sh")], capture_output=True, text=True, timeout=600)
     if start.returncode != 0:
         raise AssertionError(f"make slurm-start failed:\n{start.stdout}\n{start.stderr}")
-    partition = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True,
-                               timeout=30).stdout.split()[0]
+    partition = subprocess.run(["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=30).stdout.split()[
+        0
+    ]
     yield partition
     if not was_up:
         subprocess.run([str(REPO / "scripts/slurm/stop.sh")], capture_output=True, timeout=120)

@@ -36,10 +36,18 @@ def write_run(run_dir, overrides, seed, rows):
         writer = csv.DictWriter(f, CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
         for step, returns, loss in rows:
-            writer.writerow(dict(step=step, sps=100.0 + step / 10, episode_returns=json.dumps(returns),
-                                 mean_episode_return=sum(returns) / len(returns) if returns else "",
-                                 total_loss=loss, pg_loss=loss / 2, baseline_loss=loss / 4,
-                                 entropy_loss=-0.1))
+            writer.writerow(
+                dict(
+                    step=step,
+                    sps=100.0 + step / 10,
+                    episode_returns=json.dumps(returns),
+                    mean_episode_return=sum(returns) / len(returns) if returns else "",
+                    total_loss=loss,
+                    pg_loss=loss / 2,
+                    baseline_loss=loss / 4,
+                    entropy_loss=-0.1,
+                )
+            )
 
 
 # Episode returns per (learning rate, seed): three updates each, at steps 10, 20, 30.
@@ -56,8 +64,7 @@ def synthetic_sweep(tmp_path):
     sweep = tmp_path / "sweep"
     for job, ((lr, seed), returns) in enumerate(RETURNS.items()):
         rows = [(10 * (i + 1), r, float(job + i)) for i, r in enumerate(returns)]
-        write_run(sweep / str(job), ["env=cartpole", f"seed={seed}", f"optim.learning_rate={lr}"],
-                  seed, rows)
+        write_run(sweep / str(job), ["env=cartpole", f"seed={seed}", f"optim.learning_rate={lr}"], seed, rows)
     (sweep / "multirun.yaml").write_text("{}\n")
     return sweep
 
@@ -146,6 +153,7 @@ def assert_real_image(path):
 
 # A real sweep: two seeds of two learning rates, through the CLI.
 
+
 @pytest.fixture(scope="module")
 def real_sweep(tmp_path_factory):
     sweep = tmp_path_factory.mktemp("analysis") / "sweep"
@@ -167,9 +175,13 @@ def test_real_sweep_loads_with_seeds_aggregated_per_learning_rate(real_sweep):
     assert df["run"].nunique() == 4 and df.attrs["swept_keys"] == ["optim.learning_rate"]
     assert analysis.settings(df) == ["optim.learning_rate=0.001", "optim.learning_rate=0.003"]
     table = analysis.final_returns_by_setting(df, last_n=20)
-    by_hand = {lr: [hand_final_return(sweep_job_dir(real_sweep, f"seed={seed}", f"optim.learning_rate={lr}"), 20)
-                    for seed in (1, 2)]
-               for lr in ("0.003", "0.001")}
+    by_hand = {
+        lr: [
+            hand_final_return(sweep_job_dir(real_sweep, f"seed={seed}", f"optim.learning_rate={lr}"), 20)
+            for seed in (1, 2)
+        ]
+        for lr in ("0.003", "0.001")
+    }
     for lr, values in by_hand.items():
         row = table.loc[f"optim.learning_rate={lr}"]
         assert row["mean"] == pytest.approx(statistics.mean(values))
@@ -184,8 +196,9 @@ def test_notebook_runs_headless_on_a_sweep_and_writes_its_plots(real_sweep, tmp_
     monkeypatch.setenv("OUT_DIR", str(out_dir))
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     assert "parameters" in notebook.cells[1].metadata.get("tags", [])
-    NotebookClient(notebook, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    NotebookClient(
+        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+    ).execute()
     for name in PNGS:
         assert_real_image(out_dir / name)
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
@@ -198,9 +211,12 @@ def test_notebook_runs_headless_on_a_sweep_and_writes_its_plots(real_sweep, tmp_
 @pytest.mark.slow
 def test_plot_command_writes_the_plots_and_prints_the_table(real_sweep, tmp_path):
     out_dir = tmp_path / "cli"
-    result = subprocess.run([sys.executable, "-m", "torchbeast_hydra.analysis", str(real_sweep),
-                             "--out", str(out_dir), "--last-n", "20"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast_hydra.analysis", str(real_sweep), "--out", str(out_dir), "--last-n", "20"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert "4 runs" in result.stdout and "swept: optim.learning_rate" in result.stdout
     assert "optim.learning_rate=0.001" in result.stdout
@@ -209,12 +225,13 @@ def test_plot_command_writes_the_plots_and_prints_the_table(real_sweep, tmp_path
     with open(out_dir / "final_returns.csv", newline="") as f:
         table = {row["setting"]: float(row["mean"]) for row in csv.DictReader(f)}
     expected = statistics.mean(
-        hand_final_return(sweep_job_dir(real_sweep, f"seed={seed}", "optim.learning_rate=0.001"), 20)
-        for seed in (1, 2))
+        hand_final_return(sweep_job_dir(real_sweep, f"seed={seed}", "optim.learning_rate=0.001"), 20) for seed in (1, 2)
+    )
     assert table["optim.learning_rate=0.001"] == pytest.approx(expected)
 
 
 def test_plot_command_without_runs_fails_clearly(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "torchbeast_hydra.analysis", str(tmp_path)],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast_hydra.analysis", str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2 and "no runs" in result.stderr

@@ -9,8 +9,13 @@ from torchbeast_hydra.checkpoint import CheckpointError
 
 
 def state(step):
-    return dict(learner=dict(model={"w": torch.full((3,), float(step))}), step=step,
-                stats=dict(episodes=step), rng=checkpoint.rng_state(), config={})
+    return dict(
+        learner=dict(model={"w": torch.full((3,), float(step))}),
+        step=step,
+        stats=dict(episodes=step),
+        rng=checkpoint.rng_state(),
+        config={},
+    )
 
 
 def test_round_trip_and_previous_kept(tmp_path):

@@ -29,11 +29,14 @@ def test_monobeast_preset_keeps_torchbeasts_defaults():
     assert (cfg.optim.learning_rate, cfg.vtrace.entropy_cost) == (0.00048, 0.0006)
 
 
-@pytest.mark.parametrize("overrides, expected", [
-    (["experiment=impala_atari"], dict(batch_size=32, unroll_length=20)),
-    (["experiment=beefy"], dict(batch_size=4, unroll_length=80)),
-    (["experiment=cartpole"], dict(total_steps=500_000)),
-])
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["experiment=impala_atari"], dict(batch_size=32, unroll_length=20)),
+        (["experiment=beefy"], dict(batch_size=4, unroll_length=80)),
+        (["experiment=cartpole"], dict(total_steps=500_000)),
+    ],
+)
 def test_experiment_presets_override_defaults(overrides, expected):
     cfg = compose_config(overrides)
     validate(cfg)
@@ -47,8 +50,9 @@ def test_impala_preset_uses_deep_lstm_net():
     assert cfg.vtrace.entropy_cost == 0.01
 
 
-@pytest.mark.parametrize("env", ["pong", "breakout", "space_invaders", "seaquest", "qbert",
-                                 "beam_rider", "ms_pacman", "cartpole"])
+@pytest.mark.parametrize(
+    "env", ["pong", "breakout", "space_invaders", "seaquest", "qbert", "beam_rider", "ms_pacman", "cartpole"]
+)
 def test_every_env_preset_names_a_registered_env(env):
     import gymnasium as gym
 
@@ -64,29 +68,33 @@ def test_unknown_keys_fail_at_composition(override):
         compose_config([override])
 
 
-@pytest.mark.parametrize("override", ["batch_size=abc", "model.output_size=big", "optim.name=sgd",
-                                      "model.use_lstm=maybe", "seed=1.5"])
+@pytest.mark.parametrize(
+    "override", ["batch_size=abc", "model.output_size=big", "optim.name=sgd", "model.use_lstm=maybe", "seed=1.5"]
+)
 def test_wrong_types_fail_at_composition(override):
     with pytest.raises((ConfigCompositionException, ValidationError)):
         compose_config([override])
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["unroll_length=0"], "unroll_length"),
-    (["batch_size=0"], "batch_size"),
-    (["total_steps=-5"], "total_steps"),
-    (["optim.learning_rate=-0.1"], "learning_rate"),
-    (["vtrace.discounting=1.5"], "discounting"),
-    (["device=tpu"], "device"),
-    (["batch_size=64", "backend.num_buffers=16"], "larger than backend.num_buffers"),
-    (["batch_size=8", "backend.num_buffers=9", "backend.envs_per_actor=4"], "deadlock"),
-    (["backend=poly", "backend.address=localhost"], "use HOST:PORT"),
-    (["backend=poly", "backend.address=localhost:99999"], "use HOST:PORT"),
-    (["backend=poly", "backend.role=env"], "needs the learner's address"),
-    (["backend=poly", "backend.max_batch_size=0"], "max_batch_size"),
-    (["backend=poly", "backend.envs_per_actor=300"], "max_envs_per_client"),
-    (["backend=poly", "backend.num_actors=-1"], "num_actors"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["unroll_length=0"], "unroll_length"),
+        (["batch_size=0"], "batch_size"),
+        (["total_steps=-5"], "total_steps"),
+        (["optim.learning_rate=-0.1"], "learning_rate"),
+        (["vtrace.discounting=1.5"], "discounting"),
+        (["device=tpu"], "device"),
+        (["batch_size=64", "backend.num_buffers=16"], "larger than backend.num_buffers"),
+        (["batch_size=8", "backend.num_buffers=9", "backend.envs_per_actor=4"], "deadlock"),
+        (["backend=poly", "backend.address=localhost"], "use HOST:PORT"),
+        (["backend=poly", "backend.address=localhost:99999"], "use HOST:PORT"),
+        (["backend=poly", "backend.role=env"], "needs the learner's address"),
+        (["backend=poly", "backend.max_batch_size=0"], "max_batch_size"),
+        (["backend=poly", "backend.envs_per_actor=300"], "max_envs_per_client"),
+        (["backend=poly", "backend.num_actors=-1"], "num_actors"),
+    ],
+)
 def test_out_of_range_values_fail_validation(overrides, message):
     cfg = compose_config(overrides)
     with pytest.raises(ConfigError, match=message):

@@ -10,8 +10,9 @@ import torch
 
 from torchbeast_hydra.config import EnvConfig
 from torchbeast_hydra.envs import Environments
-from conftest import compose_config, run_cli
 from torchbeast_hydra.evaluate import _append_row, eval_env_config, play
+
+from conftest import compose_config, run_cli
 
 
 class FixedPolicy(torch.nn.Module):
@@ -82,8 +83,9 @@ def test_eval_csv_keeps_old_rows_when_columns_are_added(tmp_path):
 
 
 def test_test_mode_records_its_protocol(tiny_run, tmp_path):
-    result = run_cli(tmp_path / "eval", "experiment=cartpole", "mode=test", f"load_dir={tiny_run}",
-                     "test.num_episodes=2")
+    result = run_cli(
+        tmp_path / "eval", "experiment=cartpole", "mode=test", f"load_dir={tiny_run}", "test.num_episodes=2"
+    )
     assert "Mean return over 2 episodes" in result.stdout and "±" in result.stdout
     with open(tiny_run / "eval.csv", newline="") as f:
         (row,) = list(csv.DictReader(f))

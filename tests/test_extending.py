@@ -15,8 +15,15 @@ from conftest import REPO, cli_env, rows
 pytestmark = pytest.mark.slow
 
 # Small enough to train in seconds; appended to each README command.
-BRIEF = ["total_steps=640", "batch_size=4", "unroll_length=16", "backend.num_actors=2",
-         "backend.envs_per_actor=2", "logger.log_interval_s=1", "logger.wandb.mode=disabled"]
+BRIEF = [
+    "total_steps=640",
+    "batch_size=4",
+    "unroll_length=16",
+    "backend.num_actors=2",
+    "backend.envs_per_actor=2",
+    "logger.log_interval_s=1",
+    "logger.wandb.mode=disabled",
+]
 
 
 def extending_section() -> str:
@@ -42,8 +49,9 @@ def run_in(directory, command: str, run_dir, *extra: str, check: bool = True):
     assert argv[:3] == ["python", "-m", "torchbeast_hydra"]
     argv = [sys.executable, *argv[1:], f"hydra.run.dir={run_dir}", *extra]
     # PYTHONPATH: this checkout's package, as installed (the user's files come from the cwd).
-    result = subprocess.run(argv, cwd=directory, capture_output=True, text=True, timeout=300,
-                            env=cli_env(PYTHONPATH=str(REPO)))
+    result = subprocess.run(
+        argv, cwd=directory, capture_output=True, text=True, timeout=300, env=cli_env(PYTHONPATH=str(REPO))
+    )
     if check:
         assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
     return result
@@ -89,8 +97,7 @@ def test_readme_model_trains_from_config_alone(readme):
 def test_readme_model_with_a_field_its_class_does_not_take_fails_before_starting(readme):
     directory, commands = readme
     run_dir = directory / "bad_model"
-    result = run_in(directory, command_with(commands, "model=wide"), run_dir, "+model.depth=3", *BRIEF,
-                    check=False)
+    result = run_in(directory, command_with(commands, "model=wide"), run_dir, "+model.depth=3", *BRIEF, check=False)
     assert result.returncode == 2
     assert "my_models.Wide" in result.stdout + result.stderr and "depth" in result.stdout + result.stderr
     assert not (run_dir / "logs.csv").exists()
@@ -103,7 +110,8 @@ def test_readme_loss_term_is_trained_on_and_logged(readme):
     logged = rows(run_dir)
     assert int(logged[-1]["step"]) == 640
     kl = [float(row["kl_loss"]) for row in logged]
-    assert all(value >= 0 for value in kl) and any(value > 0 for value in kl)  # a KL, times its cost
+    # A KL (times its cost): never below zero beyond rounding, and above it once the policy has moved.
+    assert all(value >= -1e-5 for value in kl) and any(value > 1e-5 for value in kl)
     total = float(logged[-1]["total_loss"])
     parts = sum(float(logged[-1][key]) for key in ("pg_loss", "baseline_loss", "entropy_loss", "kl_loss"))
     assert total == pytest.approx(parts, rel=1e-4, abs=1e-5)
@@ -115,9 +123,15 @@ def test_an_error_inside_a_user_env_keeps_its_traceback(tmp_path):
         "class Broken(gym.Env):\n"
         "    def __init__(self):\n"
         "        raise ValueError('the bug in my env')\n\n\n"
-        "gym.register('Broken-v0', entry_point=Broken)\n")
-    result = run_in(tmp_path, "python -m torchbeast_hydra env.id=broken_envs:Broken-v0 model=mlp",
-                    tmp_path / "run", *BRIEF, check=False)
+        "gym.register('Broken-v0', entry_point=Broken)\n"
+    )
+    result = run_in(
+        tmp_path,
+        "python -m torchbeast_hydra env.id=broken_envs:Broken-v0 model=mlp",
+        tmp_path / "run",
+        *BRIEF,
+        check=False,
+    )
     output = result.stdout + result.stderr
     assert result.returncode == 2
     first = output.index("could not create env.id='broken_envs:Broken-v0': ValueError: the bug in my env")

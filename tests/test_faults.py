@@ -38,8 +38,10 @@ def test_learner_killed_mid_run_resumes_from_its_last_checkpoint_with_continuous
     logged = steps(run_dir)
     assert logged == list(range(64, 40000 + 1, 64))  # no duplicate, no gap, to total_steps
     assert [s for s in logged_before if s <= saved] == [s for s in logged if s <= saved]
-    print(f"learner SIGKILL at step {logged_before[-1]}: resumed from {saved}, "
-          f"{logged_before[-1] - saved} steps redone (checkpoint_interval_s=1)")
+    print(
+        f"learner SIGKILL at step {logged_before[-1]}: resumed from {saved}, "
+        f"{logged_before[-1] - saved} steps redone (checkpoint_interval_s=1)"
+    )
 
 
 SLOW_SAVE = """
@@ -107,8 +109,9 @@ TOKEN = dict(TORCHBEAST_TOKEN="fault-token")
 def test_clients_wait_through_a_learner_restart_and_training_resumes(tmp_path):
     run_dir = tmp_path / "learner"
     address = f"file:{run_dir / 'actorpool_address'}"
-    clients = start_cli(tmp_path / "env", *POLY, "backend.role=env", f"backend.address={address}",
-                        "backend.num_actors=1", env=TOKEN)
+    clients = start_cli(
+        tmp_path / "env", *POLY, "backend.role=env", f"backend.address={address}", "backend.num_actors=1", env=TOKEN
+    )
     learner = start_cli(run_dir, *POLY, "total_steps=200000", "backend.role=learner", env=TOKEN)
     try:
         wait_for(lambda: (run_dir / "logs.csv").exists() and len(rows(run_dir)) >= 3, 60, "training")
@@ -140,16 +143,29 @@ def rss_mib(pid: int) -> float:
 
 def test_64_concurrent_clients_train_steadily_with_flat_memory(tmp_path):
     run_dir = tmp_path / "learner"
-    learner = start_cli(run_dir, *POLY, "total_steps=100000000", "backend.role=learner",
-                        "backend.address=127.0.0.1:0", "backend.max_clients=64", env=TOKEN)
+    learner = start_cli(
+        run_dir,
+        *POLY,
+        "total_steps=100000000",
+        "backend.role=learner",
+        "backend.address=127.0.0.1:0",
+        "backend.max_clients=64",
+        env=TOKEN,
+    )
     clients = []
     try:
         address_file = run_dir / "actorpool_address"
         wait_for(address_file.exists, 60, "the learner")
         env_cfg = EnvConfig(id="CartPole-v1")
         for _ in range(64):
-            client = EnvClient(env_cfg, f"file:{address_file}", TOKEN["TORCHBEAST_TOKEN"], num_envs=1,
-                               connect_timeout_s=30, max_message_bytes=1 << 20)
+            client = EnvClient(
+                env_cfg,
+                f"file:{address_file}",
+                TOKEN["TORCHBEAST_TOKEN"],
+                num_envs=1,
+                connect_timeout_s=30,
+                max_message_bytes=1 << 20,
+            )
             thread = threading.Thread(target=client.run, daemon=True)
             thread.start()
             clients.append(thread)
@@ -164,10 +180,12 @@ def test_64_concurrent_clients_train_steadily_with_flat_memory(tmp_path):
         learner.send_signal(signal.SIGTERM)
         learner.communicate(timeout=60)
     assert connected == 64
-    halves = samples[: len(samples) // 2], samples[len(samples) // 2:]
+    halves = samples[: len(samples) // 2], samples[len(samples) // 2 :]
     rates = [(h[-1][1] - h[0][1]) / (h[-1][0] - h[0][0]) for h in halves]
-    print(f"64 clients: {rates[0]:.0f} then {rates[1]:.0f} steps/s; learner RSS "
-          f"{samples[0][2]:.0f} -> {samples[-1][2]:.0f} MiB")
+    print(
+        f"64 clients: {rates[0]:.0f} then {rates[1]:.0f} steps/s; learner RSS "
+        f"{samples[0][2]:.0f} -> {samples[-1][2]:.0f} MiB"
+    )
     assert min(rates) > 0.5 * max(rates), rates  # steady throughput
     assert samples[-1][2] < 1.2 * samples[len(samples) // 2][2], samples  # memory flat, not growing
 

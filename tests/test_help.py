@@ -10,18 +10,32 @@ from conftest import REPO, cli_env
 
 
 def test_help_page(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "torchbeast_hydra", "--help"], capture_output=True, text=True,
-                            timeout=60, cwd=REPO, env=cli_env())
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast_hydra", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=cli_env(),
+    )
     assert result.returncode == 0, result.stderr
     page = result.stdout
     assert page.startswith("torchbeast_hydra: IMPALA")
     assert "powered by Hydra" not in page
-    for command in ("experiment=cartpole", "mode=test load_dir=RUN_DIR", "hydra/launcher=slurm",
-                    "hydra/sweeper=lr_entropy", "hydra.run.dir=RUN_DIR"):
+    for command in (
+        "experiment=cartpole",
+        "mode=test load_dir=RUN_DIR",
+        "hydra/launcher=slurm",
+        "hydra/sweeper=lr_entropy",
+        "hydra.run.dir=RUN_DIR",
+    ):
         assert command in page, command
     assert "base_" not in page, "typed schema nodes are not options"
-    groups = {line.split(":")[0].strip(): line.split(":", 1)[1] for line in page.splitlines()
-              if line.startswith("  ") and ":" in line and "(default)" in line}
+    groups = {
+        line.split(":")[0].strip(): line.split(":", 1)[1]
+        for line in page.splitlines()
+        if line.startswith("  ") and ":" in line and "(default)" in line
+    }
     # every group dir of conf/ with every option file, the default first
     for group in (p for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and p.name != "hydra"):
         options = [o.strip().removesuffix(" (default)") for o in groups[group.name].split(",")]
@@ -33,6 +47,12 @@ def test_help_page(tmp_path):
 
 
 def test_help_follows_overrides():
-    result = subprocess.run([sys.executable, "-m", "torchbeast_hydra", "--help", "experiment=cartpole"],
-                            capture_output=True, text=True, timeout=60, cwd=REPO, env=cli_env())
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast_hydra", "--help", "experiment=cartpole"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=cli_env(),
+    )
     assert result.returncode == 0 and "\nenv:\n  id: CartPole-v1" in result.stdout

@@ -25,8 +25,23 @@ def build_wheel(tmp_path: Path) -> Path:
         else:
             shutil.copy(path, source / name)
     # No build isolation: the venv's setuptools builds it, so no network is needed.
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path / "dist"), str(source)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = (tmp_path / "dist").glob("torchbeast_hydra-*.whl")
     return wheel
 
@@ -39,8 +54,12 @@ def fresh_venv(path: Path) -> Path:
     """
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
     python = path / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     Path(site, "project_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
     return path
 
@@ -49,32 +68,75 @@ def fresh_venv(path: Path) -> Path:
 def test_wheel_installs_anywhere_and_trains(tmp_path):
     wheel = build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
-    for needed in ("torchbeast_hydra/conf/config.yaml", "torchbeast_hydra/conf/experiment/cartpole.yaml",
-                   "torchbeast_hydra/conf/hydra/launcher/slurm.yaml", "torchbeast_hydra/poly/actorpool.proto",
-                   "hydra_plugins/torchbeast_hydra_slurm/launcher.py"):
+    for needed in (
+        "torchbeast_hydra/conf/config.yaml",
+        "torchbeast_hydra/conf/experiment/cartpole.yaml",
+        "torchbeast_hydra/conf/hydra/launcher/slurm.yaml",
+        "torchbeast_hydra/poly/actorpool.proto",
+        "hydra_plugins/torchbeast_hydra_slurm/launcher.py",
+    ):
         assert needed in names, f"{needed} is not in the wheel"
 
     venv = fresh_venv(tmp_path / "venv")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-                    "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-index",
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     elsewhere = tmp_path / "elsewhere"  # neither the checkout nor the venv: only the install can answer
     elsewhere.mkdir()
     command = venv / "bin" / "torchbeast-hydra"
-    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import torchbeast_hydra; print(torchbeast_hydra.__file__)"],
-                           capture_output=True, text=True, check=True, cwd=elsewhere).stdout
+    where = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import torchbeast_hydra; print(torchbeast_hydra.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=elsewhere,
+    ).stdout
     assert where.startswith(str(venv)), where
 
-    help_page = subprocess.run([str(command), "--help"], capture_output=True, text=True, timeout=120, cwd=elsewhere,
-                               env=cli_env())
+    help_page = subprocess.run(
+        [str(command), "--help"], capture_output=True, text=True, timeout=120, cwd=elsewhere, env=cli_env()
+    )
     assert help_page.returncode == 0 and "env: pong (default)" in help_page.stdout, help_page.stderr
 
     run_dir = elsewhere / "run"
-    train = subprocess.run([str(command), f"hydra.run.dir={run_dir}", *TINY], capture_output=True, text=True,
-                           timeout=240, cwd=elsewhere, env=cli_env())
+    train = subprocess.run(
+        [str(command), f"hydra.run.dir={run_dir}", *TINY],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=elsewhere,
+        env=cli_env(),
+    )
     assert train.returncode == 0, train.stdout + train.stderr
     assert (run_dir / "checkpoint.pt").exists() and (run_dir / "logs.csv").exists()
-    test = subprocess.run([str(command), "mode=test", f"load_dir={run_dir}", f"hydra.run.dir={elsewhere / 'test'}",
-                           "test.num_episodes=2", *TINY], capture_output=True, text=True, timeout=240,
-                          cwd=elsewhere, env=cli_env())
+    test = subprocess.run(
+        [
+            str(command),
+            "mode=test",
+            f"load_dir={run_dir}",
+            f"hydra.run.dir={elsewhere / 'test'}",
+            "test.num_episodes=2",
+            *TINY,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=elsewhere,
+        env=cli_env(),
+    )
     assert test.returncode == 0, test.stdout + test.stderr
     assert "Mean return over 2 episodes" in test.stdout

@@ -15,14 +15,21 @@ gpu02|gpu|16+|128000|gpu:2,mps:100|2-00:00:00
 
 
 def launcher(**kwargs):
-    return OmegaConf.create(dict(dict(cpus_per_task=10, tasks_per_node=1, mem_gb=32, gpus_per_node=1,
-                                      timeout_min=240), **kwargs))
+    return OmegaConf.create(
+        dict(dict(cpus_per_task=10, tasks_per_node=1, mem_gb=32, gpus_per_node=1, timeout_min=240), **kwargs)
+    )
 
 
 def test_sinfo_fields():
     assert [gpu_count(g) for g in ("(null)", "gpu:4", "gpu:a100:4(S:0-1)", "gpu:2,mps:100")] == [0, 4, 4, 2]
-    assert [minutes(t) for t in ("infinite", "30", "30:15", "4:00:00", "1-00:00:00", "2-12")] == \
-        [None, 30, 30.25, 240, 1440, 3600]
+    assert [minutes(t) for t in ("infinite", "30", "30:15", "4:00:00", "1-00:00:00", "2-12")] == [
+        None,
+        30,
+        30.25,
+        240,
+        1440,
+        3600,
+    ]
     name, nodes, limit = partition_nodes(SINFO, None)
     assert name == "cpu" and [n.cpus for n in nodes] == [64, 64] and limit == 1440
     name, nodes, limit = partition_nodes(SINFO, "gpu")

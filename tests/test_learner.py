@@ -116,8 +116,7 @@ def by_hand(r0, r1, done1=False, done2=False, clip_rho=1.0, clip_pg_rho=1.0):
     # d/dz_j of -log pi(a) is pi_j - [j == a]; of sum_k pi_k log pi_k is pi_j (log pi_j - sum_k pi_k log pi_k).
     def logits_grad(pi, a, adv, h):
         return [
-            (pi[j] - (1.0 if j == a else 0.0)) * adv + ENTROPY_COST * pi[j] * (math.log(pi[j]) - h)
-            for j in range(2)
+            (pi[j] - (1.0 if j == a else 0.0)) * adv + ENTROPY_COST * pi[j] * (math.log(pi[j]) - h) for j in range(2)
         ]
 
     # vs is a constant target (computed without a graph): d/dV_t = -baseline_cost * (vs_t - V_t).
@@ -126,8 +125,11 @@ def by_hand(r0, r1, done1=False, done2=False, clip_rho=1.0, clip_pg_rho=1.0):
         baseline_loss=baseline_loss,
         entropy_loss=entropy_loss,
         total_loss=pg_loss + baseline_loss + entropy_loss,
-        logits_grad=[logits_grad(pi0, a0, adv0, neg_entropy[0]), logits_grad(pi1, a1, adv1, neg_entropy[1]),
-                     [0.0, 0.0]],
+        logits_grad=[
+            logits_grad(pi0, a0, adv0, neg_entropy[0]),
+            logits_grad(pi1, a1, adv1, neg_entropy[1]),
+            [0.0, 0.0],
+        ],
         baseline_grad=[-BASELINE_COST * (vs0 - V0), -BASELINE_COST * (vs1 - V1), 0.0],
     )
 
@@ -484,11 +486,14 @@ def test_extra_loss_term_is_added_with_its_cost_and_reported_by_name():
     assert losses["total_loss"].item() == pytest.approx(plain["total_loss"].item() + expected_l2)
 
 
-@pytest.mark.parametrize("extra, message", [
-    ({"l2_loss": dict(fn="no_such_module.fn", cost=1.0)}, "not an importable function"),
-    ({"pg_loss": dict(fn=f"{__name__}.l2_on_logits", cost=1.0)}, "name extra terms"),
-    ({"l2": dict(fn=f"{__name__}.l2_on_logits", cost=1.0)}, "name extra terms"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"l2_loss": dict(fn="no_such_module.fn", cost=1.0)}, "not an importable function"),
+        ({"pg_loss": dict(fn=f"{__name__}.l2_on_logits", cost=1.0)}, "name extra terms"),
+        ({"l2": dict(fn=f"{__name__}.l2_on_logits", cost=1.0)}, "name extra terms"),
+    ],
+)
 def test_bad_extra_loss_terms_are_refused_clearly(extra, message):
     with pytest.raises(ConfigError, match=message):
         compute_losses(vtrace_cfg(extra_losses=extra), tiny_batch(), tiny_outputs())

@@ -73,8 +73,16 @@ def test_refused_at_once_before_any_process_starts(tmp_path):
 def test_out_of_memory_in_the_learner_leaves_a_line_in_the_log(tmp_path):
     # Past the check (check_memory=false), the shared buffers cannot be allocated (~60 GB).
     run_dir = tmp_path / "run"
-    result = run_cli(run_dir, *TINY, "env=pong", "model=atari_net", "batch_size=100000", "check_memory=false",
-                     check=False, timeout=120)
+    result = run_cli(
+        run_dir,
+        *TINY,
+        "env=pong",
+        "model=atari_net",
+        "batch_size=100000",
+        "check_memory=false",
+        check=False,
+        timeout=120,
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     log = (run_dir / "torchbeast.log").read_text()
     assert "error: out of memory in the learner process" in log and "Lower batch_size" in log
@@ -84,7 +92,8 @@ def test_out_of_memory_in_the_learner_leaves_a_line_in_the_log(tmp_path):
 def test_what_an_actor_death_says():
     assert memory.describe_exit(1) == "died with exit code 1"
     assert "out-of-memory killer" in memory.describe_exit(-9) and memory.describe_exit(-9).startswith(
-        "died with exit code -9")
+        "died with exit code -9"
+    )
     assert memory.is_out_of_memory(MemoryError())
     assert memory.is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate"))
     assert not memory.is_out_of_memory(RuntimeError("shape mismatch"))

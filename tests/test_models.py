@@ -86,8 +86,12 @@ def test_sampling_from_non_finite_logits_acts_uniformly_instead_of_crashing():
     model = make_model(MLPConfig(hidden_sizes=[8]), EnvSpec((4,), np.dtype("float32"), 3))
     with torch.no_grad():
         model.policy.bias.fill_(float("nan"))
-    inputs = dict(frame=torch.zeros(1, 300, 4), reward=torch.zeros(1, 300), done=torch.zeros(1, 300, dtype=torch.bool),
-                  last_action=torch.zeros(1, 300, dtype=torch.long))
+    inputs = dict(
+        frame=torch.zeros(1, 300, 4),
+        reward=torch.zeros(1, 300),
+        done=torch.zeros(1, 300, dtype=torch.bool),
+        last_action=torch.zeros(1, 300, dtype=torch.long),
+    )
     actions = model(inputs)[0]["action"]
     assert set(actions.flatten().tolist()) == {0, 1, 2}
 
@@ -98,5 +102,7 @@ def test_model_configs_saved_before_target_still_build_the_same_network():
     old = dict(name="mlp", use_lstm=True, hidden_sizes=[8])  # a checkpoint's model config before _target_
     model = make_model(saved_model_config(old), VECTOR)
     assert model.use_lstm and model.body.output_size == 8
-    assert make_model(saved_model_config(dict(name="atari_net", use_lstm=True, hidden_sizes=[64])),
-                      ATARI).lstm.num_layers == 2
+    assert (
+        make_model(saved_model_config(dict(name="atari_net", use_lstm=True, hidden_sizes=[64])), ATARI).lstm.num_layers
+        == 2
+    )

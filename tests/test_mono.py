@@ -6,6 +6,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from torchbeast_hydra import checkpoint
@@ -20,8 +21,17 @@ def test_tiny_run_writes_logs_checkpoint_and_provenance(tiny_run):
     # threads racing for the last batch.
     assert steps(tiny_run) == list(range(64, 2560 + 1, 64))
     last = rows(tiny_run)[-1]
-    for field in ("sps", "total_loss", "pg_loss", "baseline_loss", "entropy_loss", "learning_rate",
-                  "free_queue_size", "full_queue_size", "episodes"):
+    for field in (
+        "sps",
+        "total_loss",
+        "pg_loss",
+        "baseline_loss",
+        "entropy_loss",
+        "learning_rate",
+        "free_queue_size",
+        "full_queue_size",
+        "episodes",
+    ):
         assert last[field] != "", field
     assert int(last["episodes"]) > 0 and float(last["sps"]) > 0
     state = checkpoint.load(checkpoint.path_in(tiny_run))
@@ -92,8 +102,15 @@ def test_lstm_run(tmp_path):
 
 def test_pong_run_with_atari_net(tmp_path):
     run_dir = tmp_path / "run"
-    run_cli(run_dir, "env=pong", "total_steps=640", "unroll_length=20", "batch_size=4",
-            "backend.num_actors=2", "backend.envs_per_actor=2")
+    run_cli(
+        run_dir,
+        "env=pong",
+        "total_steps=640",
+        "unroll_length=20",
+        "batch_size=4",
+        "backend.num_actors=2",
+        "backend.envs_per_actor=2",
+    )
     logged = rows(run_dir)
     assert int(logged[-1]["step"]) >= 640
     assert float(logged[-1]["learning_rate"]) < 0.00048  # annealing
@@ -103,8 +120,7 @@ def test_killed_actor_is_replaced_and_the_run_finishes(tmp_path):
     run_dir = tmp_path / "run"
     process = start_cli(run_dir, *TINY, "total_steps=60000")
     try:
-        victims = wait_for(lambda: len(actor_pids(process.pid)) == 2 and actor_pids(process.pid),
-                           60, "two actors")
+        victims = wait_for(lambda: len(actor_pids(process.pid)) == 2 and actor_pids(process.pid), 60, "two actors")
         wait_for(lambda: (run_dir / "logs.csv").exists() and len(rows(run_dir)) > 2, 60, "training")
         os.kill(victims[0], signal.SIGKILL)
         output, _ = process.communicate(timeout=180)
@@ -134,8 +150,9 @@ def test_sigterm_stops_cleanly_with_a_checkpoint_and_no_orphans(tmp_path):
 
 
 def test_test_mode_plays_the_checkpoint(tiny_run, tmp_path):
-    result = run_cli(tmp_path / "eval", "experiment=cartpole", "mode=test", f"load_dir={tiny_run}",
-                     "test.num_episodes=3")
+    result = run_cli(
+        tmp_path / "eval", "experiment=cartpole", "mode=test", f"load_dir={tiny_run}", "test.num_episodes=3"
+    )
     assert "Mean return over 3 episodes" in result.stdout
     with open(tiny_run / "eval.csv", newline="") as f:
         (row,) = list(csv.DictReader(f))
@@ -143,15 +160,20 @@ def test_test_mode_plays_the_checkpoint(tiny_run, tmp_path):
 
 
 def test_test_mode_records_video(tiny_run, tmp_path):
-    run_cli(tmp_path / "eval", "experiment=cartpole", "mode=test", f"load_dir={tiny_run}",
-            "test.num_episodes=1", "test.record_video=true")
+    run_cli(
+        tmp_path / "eval",
+        "experiment=cartpole",
+        "mode=test",
+        f"load_dir={tiny_run}",
+        "test.num_episodes=1",
+        "test.record_video=true",
+    )
     videos = list((tiny_run / "videos").glob("*.mp4"))
     assert videos and videos[0].stat().st_size > 1000
 
 
 def test_test_mode_without_checkpoint_fails_clearly(tmp_path):
-    result = run_cli(tmp_path / "eval", "experiment=cartpole", "mode=test", f"load_dir={tmp_path}",
-                     check=False)
+    result = run_cli(tmp_path / "eval", "experiment=cartpole", "mode=test", f"load_dir={tmp_path}", check=False)
     assert result.returncode == 2
     assert "no checkpoint" in result.stdout + result.stderr
 

@@ -66,8 +66,9 @@ def test_killed_client_leaves_partial_rollouts_and_the_run_finishes(tmp_path):
 def raw_stream(port, messages, token=TOKEN):
     """Sends raw request bytes on one Connect stream; returns the responses or the RpcError."""
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        connect = channel.stream_stream(wire.CONNECT, request_serializer=None,
-                                        response_deserializer=wire.ServerMessage.FromString)
+        connect = channel.stream_stream(
+            wire.CONNECT, request_serializer=None, response_deserializer=wire.ServerMessage.FromString
+        )
         try:
             return list(connect(iter(messages), metadata=((wire.TOKEN_METADATA_KEY, token),), timeout=30))
         except grpc.RpcError as error:
@@ -85,11 +86,17 @@ def hello(num_envs=1, obs_shape=(4,), num_actions=2):
 
 
 def step(num_envs=1, frame_shape=(4,), last_action=0, frame_dtype=np.float32):
-    return wire.encode_step(dict(
-        frame=np.zeros((num_envs, *frame_shape), frame_dtype),
-        reward=np.zeros(num_envs, np.float32), done=np.zeros(num_envs, bool),
-        episode_return=np.zeros(num_envs, np.float32), episode_step=np.zeros(num_envs, np.int32),
-        last_action=np.full(num_envs, last_action, np.int64), episode_end=np.zeros(num_envs, bool)))
+    return wire.encode_step(
+        dict(
+            frame=np.zeros((num_envs, *frame_shape), frame_dtype),
+            reward=np.zeros(num_envs, np.float32),
+            done=np.zeros(num_envs, bool),
+            episode_return=np.zeros(num_envs, np.float32),
+            episode_step=np.zeros(num_envs, np.int32),
+            last_action=np.full(num_envs, last_action, np.int64),
+            episode_end=np.zeros(num_envs, bool),
+        )
+    )
 
 
 def test_learner_and_env_processes_with_hostile_clients(tmp_path):
@@ -97,8 +104,14 @@ def test_learner_and_env_processes_with_hostile_clients(tmp_path):
     # jobs on a shared filesystem would); the learner picks a free port.
     env = dict(TORCHBEAST_TOKEN=TOKEN)
     run_dir = tmp_path / "learner"
-    clients = start_cli(tmp_path / "env", *POLY_TINY, "backend.role=env",
-                        f"backend.address=file:{run_dir / 'actorpool_address'}", "backend.num_actors=1", env=env)
+    clients = start_cli(
+        tmp_path / "env",
+        *POLY_TINY,
+        "backend.role=env",
+        f"backend.address=file:{run_dir / 'actorpool_address'}",
+        "backend.num_actors=1",
+        env=env,
+    )
     learner = start_cli(run_dir, *POLY_TINY, "total_steps=12000", "backend.role=learner", env=env)
     try:
         wait_for(lambda: (run_dir / "logs.csv").exists() and len(rows(run_dir)) >= 1, 60, "training")
@@ -113,8 +126,10 @@ def test_learner_and_env_processes_with_hostile_clients(tmp_path):
             "shape": (raw_stream(port, [hello(), step(frame_shape=(5,))]), grpc.StatusCode.INVALID_ARGUMENT),
             "dtype": (raw_stream(port, [hello(), step(frame_dtype=np.float64)]), grpc.StatusCode.INVALID_ARGUMENT),
             "action": (raw_stream(port, [hello(), step(last_action=7)]), grpc.StatusCode.INVALID_ARGUMENT),
-            "env": (raw_stream(port, [hello(obs_shape=(4, 84, 84), num_actions=6)]),
-                    grpc.StatusCode.FAILED_PRECONDITION),
+            "env": (
+                raw_stream(port, [hello(obs_shape=(4, 84, 84), num_actions=6)]),
+                grpc.StatusCode.FAILED_PRECONDITION,
+            ),
             "oversized": (raw_stream(port, [hello(), b"\x00" * 2_000_000]), grpc.StatusCode.RESOURCE_EXHAUSTED),
         }
         for what, (error, code) in refusals.items():
@@ -135,8 +150,9 @@ def test_learner_and_env_processes_with_hostile_clients(tmp_path):
 
 
 def test_role_learner_without_a_token_fails_clearly(tmp_path):
-    result = run_cli(tmp_path / "run", *POLY_TINY, "backend.role=learner", check=False,
-                     env=cli_env(TORCHBEAST_TOKEN=None))
+    result = run_cli(
+        tmp_path / "run", *POLY_TINY, "backend.role=learner", check=False, env=cli_env(TORCHBEAST_TOKEN=None)
+    )
     assert result.returncode == 2
     assert "export TORCHBEAST_TOKEN" in result.stderr + result.stdout
 
@@ -144,11 +160,20 @@ def test_role_learner_without_a_token_fails_clearly(tmp_path):
 def test_env_client_with_a_wrong_token_is_refused(tmp_path):
     port = free_port()
     env = dict(TORCHBEAST_TOKEN=TOKEN)
-    learner = start_cli(tmp_path / "learner", *POLY_TINY, "backend.role=learner",
-                        f"backend.address=127.0.0.1:{port}", env=env)
+    learner = start_cli(
+        tmp_path / "learner", *POLY_TINY, "backend.role=learner", f"backend.address=127.0.0.1:{port}", env=env
+    )
     try:
-        clients = run_cli(tmp_path / "env", *POLY_TINY, "backend.role=env", f"backend.address=127.0.0.1:{port}",
-                          "backend.num_actors=1", "backend.token=not-the-token", check=False, timeout=90)
+        clients = run_cli(
+            tmp_path / "env",
+            *POLY_TINY,
+            "backend.role=env",
+            f"backend.address=127.0.0.1:{port}",
+            "backend.num_actors=1",
+            "backend.token=not-the-token",
+            check=False,
+            timeout=90,
+        )
     finally:
         learner.send_signal(signal.SIGTERM)
         learner.communicate(timeout=60)

@@ -27,8 +27,12 @@ def test_descriptor_matches_the_proto_file(tmp_path):
 
     proto_dir = Path(wire.__file__).resolve().parents[2]
     out = tmp_path / "set.pb"
-    assert protoc.main(["protoc", f"-I{proto_dir}", f"--descriptor_set_out={out}",
-                        "torchbeast_hydra/poly/actorpool.proto"]) == 0
+    assert (
+        protoc.main(
+            ["protoc", f"-I{proto_dir}", f"--descriptor_set_out={out}", "torchbeast_hydra/poly/actorpool.proto"]
+        )
+        == 0
+    )
     compiled = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file[0]
     ours = wire.file_descriptor()
     for message in compiled.message_type:  # protoc adds JSON names, which we do not use
@@ -47,11 +51,14 @@ def test_array_round_trip_keeps_dtype_shape_and_values():
     assert not decoded.flags.writeable  # a view of the received bytes, which nothing may change
 
 
-@pytest.mark.parametrize("dtype, shape, data, reason", [
-    ("float32", (2, 3, 4), None, "expected uint8 [2, 3, 4], got float32"),
-    ("uint8", (2, 3), None, "expected uint8 [2, 3, 4], got uint8 [2, 3]"),
-    ("uint8", (2, 3, 4), b"\x00" * 7, "7 bytes do not make"),
-])
+@pytest.mark.parametrize(
+    "dtype, shape, data, reason",
+    [
+        ("float32", (2, 3, 4), None, "expected uint8 [2, 3, 4], got float32"),
+        ("uint8", (2, 3), None, "expected uint8 [2, 3, 4], got uint8 [2, 3]"),
+        ("uint8", (2, 3, 4), b"\x00" * 7, "7 bytes do not make"),
+    ],
+)
 def test_array_with_wrong_dtype_shape_or_size_is_rejected(dtype, shape, data, reason):
     message = wire.encode_array(np.zeros(shape, dtype))
     if data is not None:
@@ -61,10 +68,15 @@ def test_array_with_wrong_dtype_shape_or_size_is_rejected(dtype, shape, data, re
 
 
 def env_outputs(n=2, last_action=0, reward=0.0):
-    return dict(frame=np.zeros((n, 4), np.float32), reward=np.full(n, reward, np.float32),
-                done=np.zeros(n, bool), episode_return=np.zeros(n, np.float32),
-                episode_step=np.zeros(n, np.int32), last_action=np.full(n, last_action, np.int64),
-                episode_end=np.zeros(n, bool))
+    return dict(
+        frame=np.zeros((n, 4), np.float32),
+        reward=np.full(n, reward, np.float32),
+        done=np.zeros(n, bool),
+        episode_return=np.zeros(n, np.float32),
+        episode_step=np.zeros(n, np.int32),
+        last_action=np.full(n, last_action, np.int64),
+        episode_end=np.zeros(n, bool),
+    )
 
 
 def decode(raw, n=2):
@@ -79,16 +91,21 @@ def test_step_round_trip():
         np.testing.assert_array_equal(decoded[key], value)
 
 
-@pytest.mark.parametrize("raw, reason", [
-    (b"\xff\xff\xff\xff", "not a ClientMessage"),
-    (wire.ClientMessage(hello=wire.Hello(env_id="x")).SerializeToString(), "expected a step, got hello"),
-    (b"", "expected a step, got an empty message"),
-    (wire.encode_step(env_outputs(last_action=3)), "outside the action space"),
-    (wire.encode_step(env_outputs(reward=math.nan)), "must be finite"),
-    (wire.encode_step(dict(env_outputs(), frame=np.array([[0, 0, 0, 0], [0, math.inf, 0, 0]], np.float32))),
-     "frame has non-finite values \\(NaN/inf\\) for envs \\[1\\]"),
-    (wire.encode_step(env_outputs(n=3)), "expected float32 \\[2, 4\\], got float32 \\[3, 4\\]"),
-])
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (b"\xff\xff\xff\xff", "not a ClientMessage"),
+        (wire.ClientMessage(hello=wire.Hello(env_id="x")).SerializeToString(), "expected a step, got hello"),
+        (b"", "expected a step, got an empty message"),
+        (wire.encode_step(env_outputs(last_action=3)), "outside the action space"),
+        (wire.encode_step(env_outputs(reward=math.nan)), "must be finite"),
+        (
+            wire.encode_step(dict(env_outputs(), frame=np.array([[0, 0, 0, 0], [0, math.inf, 0, 0]], np.float32))),
+            "frame has non-finite values \\(NaN/inf\\) for envs \\[1\\]",
+        ),
+        (wire.encode_step(env_outputs(n=3)), "expected float32 \\[2, 4\\], got float32 \\[3, 4\\]"),
+    ],
+)
 def test_malformed_steps_are_rejected_with_the_reason(raw, reason):
     with pytest.raises(wire.WireError, match=reason):
         decode(raw)
@@ -200,8 +217,9 @@ class Steps:
         self.emitted = []
         self.n = num_envs
         initial = (torch.zeros(num_envs, state_size),) if state_size else ()
-        self.builder = RolloutBuilder(rollout_specs(SPEC), num_envs, unroll_length, initial, cut_at_reset,
-                                      self.receive, chunk_size)
+        self.builder = RolloutBuilder(
+            rollout_specs(SPEC), num_envs, unroll_length, initial, cut_at_reset, self.receive, chunk_size
+        )
         self.chunks = []
         self.t = 0
 
@@ -219,8 +237,13 @@ class Steps:
         out["done"] = out["episode_end"].copy()
         self.builder.add(out, state)
         # The policy's outputs for this row: action t % 2, baseline = frame.
-        self.builder.set_agent_outputs(dict(action=np.full(self.n, self.t % 2), baseline=out["frame"][:, 0],
-                                            policy_logits=np.zeros((self.n, 2), np.float32)))
+        self.builder.set_agent_outputs(
+            dict(
+                action=np.full(self.n, self.t % 2),
+                baseline=out["frame"][:, 0],
+                policy_logits=np.zeros((self.n, 2), np.float32),
+            )
+        )
         self.t += 1
 
 
@@ -242,7 +265,7 @@ def test_full_unrolls_follow_the_layout_and_overlap_by_one_row():
 
 def test_envs_that_finish_together_leave_in_chunks_of_at_most_chunk_size():
     steps = Steps(num_envs=3, unroll_length=2, state_size=1, chunk_size=2)
-    for t in range(3):
+    for _ in range(3):
         steps.step(state=(torch.tensor([[0.0], [1.0], [2.0]]),))
     assert [c["mask"].shape for c, _ in steps.chunks] == [(3, 2), (3, 1)]
     (first, (first_state,)), (second, (second_state,)) = steps.chunks
@@ -276,7 +299,7 @@ def test_without_cut_at_reset_unrolls_span_episodes():
     steps = Steps(num_envs=1, unroll_length=3, cut_at_reset=False)
     for t in range(4):
         steps.step(episode_end=[0] if t == 1 else [])
-    (rollout, _), = steps.emitted
+    ((rollout, _),) = steps.emitted
     assert rollout["mask"].all() and rollout["done"].tolist() == [False, True, False, False]
 
 
@@ -305,7 +328,7 @@ def test_partial_rollout_vtrace_target_matches_a_hand_computation():
     for _ in range(3):
         steps.step()
     steps.builder.flush()
-    (rollout, _), = steps.emitted
+    ((rollout, _),) = steps.emitted
     batch, _ = stack_rollouts(steps.chunks)
     logits = batch["policy_logits"]
     values = torch.tensor([[1.0], [2.0], [4.0], [8.0], [16.0]])  # V(x_0..x_4); x_3, x_4 are padding
@@ -320,6 +343,7 @@ def test_partial_rollout_vtrace_target_matches_a_hand_computation():
 
 
 # -- the learner's rollout queue ------------------------------------------------------------------
+
 
 def chunk(first_env, k, T=2, state_size=3):
     """k rollouts whose frames hold their env number; states [k, layers=1, state_size]."""

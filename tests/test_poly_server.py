@@ -22,8 +22,11 @@ SPEC = EnvSpec((3,), np.dtype(np.float32), 2)
 
 def trivial_policy(inputs: dict) -> dict:
     n = inputs["frame"].shape[0]
-    return dict(action=torch.zeros(n, dtype=torch.int64), policy_logits=torch.zeros(n, SPEC.num_actions),
-                baseline=torch.zeros(n))
+    return dict(
+        action=torch.zeros(n, dtype=torch.int64),
+        policy_logits=torch.zeros(n, SPEC.num_actions),
+        baseline=torch.zeros(n),
+    )
 
 
 @pytest.fixture
@@ -31,9 +34,21 @@ def served():
     """(pool, port, emitted rollouts) for a pool with max_clients=2 and a 0.5 s idle limit."""
     inference = DynamicBatcher(trivial_policy, max_batch_size=64, timeout_s=0.001)
     emitted = []
-    pool = ActorPool(SPEC, "Test-v0", inference, lambda n: (), lambda rollout, state: emitted.append(rollout),
-                     TOKEN, unroll_length=5, cut_at_reset=True, max_envs_per_client=4, seed=1,
-                     max_clients=2, client_idle_timeout_s=0.5, chunk_size=2)
+    pool = ActorPool(
+        SPEC,
+        "Test-v0",
+        inference,
+        lambda n: (),
+        lambda rollout, state: emitted.append(rollout),
+        TOKEN,
+        unroll_length=5,
+        cut_at_reset=True,
+        max_envs_per_client=4,
+        seed=1,
+        max_clients=2,
+        client_idle_timeout_s=0.5,
+        chunk_size=2,
+    )
     server, port = make_server(pool, "127.0.0.1:0", 1 << 20)
     server.start()
     yield pool, port, emitted
@@ -53,11 +68,17 @@ def hello(num_envs=2):
 
 
 def step(num_envs=2, frame=0.0):
-    return wire.encode_step(dict(
-        frame=np.full((num_envs, *SPEC.obs_shape), frame, np.float32),
-        reward=np.zeros(num_envs, np.float32), done=np.zeros(num_envs, bool),
-        episode_return=np.zeros(num_envs, np.float32), episode_step=np.zeros(num_envs, np.int32),
-        last_action=np.zeros(num_envs, np.int64), episode_end=np.zeros(num_envs, bool)))
+    return wire.encode_step(
+        dict(
+            frame=np.full((num_envs, *SPEC.obs_shape), frame, np.float32),
+            reward=np.zeros(num_envs, np.float32),
+            done=np.zeros(num_envs, bool),
+            episode_return=np.zeros(num_envs, np.float32),
+            episode_step=np.zeros(num_envs, np.int32),
+            last_action=np.zeros(num_envs, np.int64),
+            episode_end=np.zeros(num_envs, bool),
+        )
+    )
 
 
 class RawClient:
@@ -66,8 +87,9 @@ class RawClient:
     def __init__(self, port):
         self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
         self.outgoing = queue.SimpleQueue()
-        connect = self.channel.stream_stream(wire.CONNECT, request_serializer=None,
-                                             response_deserializer=wire.ServerMessage.FromString)
+        connect = self.channel.stream_stream(
+            wire.CONNECT, request_serializer=None, response_deserializer=wire.ServerMessage.FromString
+        )
         self.responses = connect(iter(self.outgoing.get, None), metadata=((wire.TOKEN_METADATA_KEY, TOKEN),))
 
     def send(self, raw: bytes) -> str:

@@ -8,8 +8,13 @@ import pytest
 from conftest import TINY, rows, run_cli
 
 # One env on one actor, one learner thread with one intra-op thread: nothing left to chance.
-SERIAL = [*TINY, "backend.num_actors=1", "backend.envs_per_actor=1", "backend.learner_torch_threads=1",
-          "total_steps=64"]
+SERIAL = [
+    *TINY,
+    "backend.num_actors=1",
+    "backend.envs_per_actor=1",
+    "backend.learner_torch_threads=1",
+    "total_steps=64",
+]
 FIRST_UPDATE = ("total_loss", "pg_loss", "baseline_loss", "entropy_loss", "grad_norm", "episode_returns")
 
 
@@ -31,9 +36,10 @@ def test_same_seed_gives_an_identical_first_update(tmp_path, backend):
 def test_seed_decides_the_initial_weights(tmp_path):
     import torch
 
-    from conftest import compose_config
     from torchbeast_hydra.envs import probe_env
     from torchbeast_hydra.training import TrainingRun
+
+    from conftest import compose_config
 
     cfg = compose_config([*TINY, "seed=3"])
     spec = probe_env(cfg.env)

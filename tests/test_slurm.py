@@ -21,14 +21,25 @@ from conftest import REPO, rows, run_sweep, steps, wait_for
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 # One CPU per job so two run side by side on a 2-core node; no GPU here.
-SLURM = ["hydra/launcher=slurm", "hydra.launcher.cpus_per_task=1", "hydra.launcher.gpus_per_node=0",
-         "hydra.launcher.mem_gb=1", "hydra.launcher.timeout_min=30"]
+SLURM = [
+    "hydra/launcher=slurm",
+    "hydra.launcher.cpus_per_task=1",
+    "hydra.launcher.gpus_per_node=0",
+    "hydra.launcher.mem_gb=1",
+    "hydra.launcher.timeout_min=30",
+]
 
 
 def start_sweep(sweep_dir, *overrides):
     command = [os.sys.executable, "-m", "torchbeast_hydra", "-m", f"hydra.sweep.dir={sweep_dir}", *overrides]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-                            env=dict(os.environ, HYDRA_FULL_ERROR="0"))
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, HYDRA_FULL_ERROR="0"),
+    )
 
 
 def finish(process, timeout):
@@ -63,8 +74,9 @@ def job_pids(sweep_dir):
 def test_slurm_sweep(slurm_cluster, tmp_path):
     sweep = tmp_path / "sweep"
     started = time.monotonic()
-    result = run_sweep(sweep, *JOB, *SLURM, f"hydra.launcher.partition={slurm_cluster}", "total_steps=2048", "seed=1,2",
-                       timeout=240)
+    result = run_sweep(
+        sweep, *JOB, *SLURM, f"hydra.launcher.partition={slurm_cluster}", "total_steps=2048", "seed=1,2", timeout=240
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     check_job_dirs(sweep, [job_dir_name("total_steps=2048", f"seed={s}") for s in (1, 2)])
     assert len(job_ids(sweep)) == 2  # one array job, two tasks
@@ -75,8 +87,10 @@ def test_unknown_partition_fails_before_anything_is_written(slurm_cluster, tmp_p
     sweep = tmp_path / "sweep"
     result = run_sweep(sweep, *JOB, *SLURM, "hydra.launcher.partition=nosuchpartition", "seed=1,2", timeout=120)
     assert result.returncode == 2
-    assert f"SLURM partition 'nosuchpartition' does not exist on this cluster (partitions: {slurm_cluster})" \
+    assert (
+        f"SLURM partition 'nosuchpartition' does not exist on this cluster (partitions: {slurm_cluster})"
         in result.stderr
+    )
     assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
     assert not sweep.exists()
 
@@ -102,8 +116,9 @@ def test_a_job_that_crashes_hard_fails_the_sweep_clearly(slurm_cluster, tmp_path
 def test_requeued_job_resumes_from_its_checkpoint(slurm_cluster, tmp_path, how):
     sweep = tmp_path / "sweep"
     total = 8192
-    process = start_sweep(sweep, *JOB, *SLURM, f"total_steps={total}", "seed=1",
-                          "checkpoint_interval_s=3600")  # only the signal writes a checkpoint
+    process = start_sweep(
+        sweep, *JOB, *SLURM, f"total_steps={total}", "seed=1", "checkpoint_interval_s=3600"
+    )  # only the signal writes a checkpoint
     job_dir = sweep / job_dir_name("seed=1", f"total_steps={total}", "checkpoint_interval_s=3600")
     wait_for(lambda: (job_dir / "logs.csv").exists() and len(rows(job_dir)) >= 10, 120, "the job to train")
     (job_id,) = job_ids(sweep)
@@ -114,8 +129,14 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_cluster, tmp_path, how):
     # SLURM holds a requeued job (BeginTime, about 2 min: until the old job's credential expires).
     # Once the old attempt is gone and a new second has begun (slurmd refuses a credential made in
     # the second it revoked the old one), let it start at once.
-    wait_for(lambda: "JobState=PENDING" in subprocess.run(["scontrol", "show", "job", job_id], text=True,
-                                                          capture_output=True).stdout, 60, "the requeue")
+    wait_for(
+        lambda: (
+            "JobState=PENDING"
+            in subprocess.run(["scontrol", "show", "job", job_id], text=True, capture_output=True).stdout
+        ),
+        60,
+        "the requeue",
+    )
     wait_for(lambda: not job_pids(sweep), 60, "the first attempt to exit")
     time.sleep(2)
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True, timeout=30)
@@ -133,31 +154,58 @@ def test_requeued_job_resumes_from_its_checkpoint(slurm_cluster, tmp_path, how):
     state = checkpoint.load(checkpoint.path_in(job_dir))
     assert state["step"] == total
     assert state["learner"]["scheduler"]["last_epoch"] == total // 64, "LR schedule carried over"
-    assert sorted(p.name for p in sweep.iterdir()) == sorted([".submitit", "multirun.yaml", job_dir.name]), \
+    assert sorted(p.name for p in sweep.iterdir()) == sorted([".submitit", "multirun.yaml", job_dir.name]), (
         "the requeued job kept its job dir"
+    )
     print(f"{how}: stopped at step {stopped}, resumed, finished at {total}")
 
 
 def test_poly_learner_job_and_env_client_array_job(slurm_cluster, tmp_path):
     run_dir = tmp_path / "poly"
-    overrides = ["experiment=cartpole", "total_steps=4096", "batch_size=4", "unroll_length=16",
-                 "backend.num_actors=1", "backend.envs_per_actor=2", "logger.log_interval_s=1"]
-    env = dict(os.environ, LEARNER_SBATCH="--cpus-per-task=1 --time=10",
-               CLIENTS_SBATCH="--cpus-per-task=1 --time=10", PYTHON=os.sys.executable)
+    overrides = [
+        "experiment=cartpole",
+        "total_steps=4096",
+        "batch_size=4",
+        "unroll_length=16",
+        "backend.num_actors=1",
+        "backend.envs_per_actor=2",
+        "logger.log_interval_s=1",
+    ]
+    env = dict(
+        os.environ,
+        LEARNER_SBATCH="--cpus-per-task=1 --time=10",
+        CLIENTS_SBATCH="--cpus-per-task=1 --time=10",
+        PYTHON=os.sys.executable,
+    )
     env.pop("TORCHBEAST_TOKEN", None)
-    submitted = subprocess.run([str(REPO / "scripts/slurm/poly.sh"), str(run_dir), "1", *overrides],
-                               capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+    submitted = subprocess.run(
+        [str(REPO / "scripts/slurm/poly.sh"), str(run_dir), "1", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=env,
+    )
     assert submitted.returncode == 0, submitted.stdout + submitted.stderr
     learner, clients = re.search(r"learner job (\d+), env client array job (\d+)", submitted.stdout).groups()
 
     def states():
-        out = subprocess.run(["sacct", "-o", "JobID,State", "--parsable2", "-j", learner, "-j", clients],
-                             capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(
+            ["sacct", "-o", "JobID,State", "--parsable2", "-j", learner, "-j", clients],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
         return dict(line.split("|") for line in out.splitlines()[1:])
 
     try:
-        finished = wait_for(lambda: (s := states()) and all(v in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
-                                                           for v in s.values()) and s, 120, "the poly jobs")
+        finished = wait_for(
+            lambda: (
+                (s := states()) and all(v in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") for v in s.values()) and s
+            ),
+            120,
+            "the poly jobs",
+        )
     finally:
         subprocess.run(["scancel", learner, clients], timeout=30)  # no-op when they are done
     outputs = "\n".join(p.read_text() for p in sorted((run_dir / "slurm").iterdir()))
@@ -170,8 +218,9 @@ def test_poly_learner_job_and_env_client_array_job(slurm_cluster, tmp_path):
 def test_the_presets_defaults_that_no_node_has_stop_before_anything_is_written(slurm_cluster, tmp_path):
     # The preset asks for a GPU, 10 CPUs and 32 GB; the local node has 2 CPUs, ~21 GB and no GPU.
     sweep = tmp_path / "sweep"
-    result = run_sweep(sweep, *JOB, "hydra/launcher=slurm", f"hydra.launcher.partition={slurm_cluster}", "seed=1,2",
-                       timeout=120)
+    result = run_sweep(
+        sweep, *JOB, "hydra/launcher=slurm", f"hydra.launcher.partition={slurm_cluster}", "seed=1,2", timeout=120
+    )
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: each job asks for 10 CPUs") and f"partition '{slurm_cluster}'" in line
@@ -182,17 +231,38 @@ def test_the_presets_defaults_that_no_node_has_stop_before_anything_is_written(s
 
 def test_a_job_that_can_never_start_is_cancelled_and_reported(slurm_cluster, tmp_path):
     # A job that depends on a failed one pends with DependencyNeverSatisfied: forever, unless reported.
-    failed = subprocess.run(["sbatch", "--parsable", f"--partition={slurm_cluster}", "--output=/dev/null",
-                             "--wrap", "false"], capture_output=True, text=True, timeout=30, check=True).stdout.strip()
-    wait_for(lambda: "JobState=FAILED" in subprocess.run(["scontrol", "show", "job", failed], text=True,
-                                                         capture_output=True).stdout, 60, "the job to fail")
+    failed = subprocess.run(
+        ["sbatch", "--parsable", f"--partition={slurm_cluster}", "--output=/dev/null", "--wrap", "false"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout.strip()
+    wait_for(
+        lambda: (
+            "JobState=FAILED"
+            in subprocess.run(["scontrol", "show", "job", failed], text=True, capture_output=True).stdout
+        ),
+        60,
+        "the job to fail",
+    )
     sweep = tmp_path / "sweep"
     started = time.monotonic()
-    result = run_sweep(sweep, *JOB, *SLURM, f"hydra.launcher.partition={slurm_cluster}", "seed=1",
-                       f"+hydra.launcher.additional_parameters.dependency=afterok:{failed}", timeout=180)
+    result = run_sweep(
+        sweep,
+        *JOB,
+        *SLURM,
+        f"hydra.launcher.partition={slurm_cluster}",
+        "seed=1",
+        f"+hydra.launcher.additional_parameters.dependency=afterok:{failed}",
+        timeout=180,
+    )
     assert result.returncode == 1, result.stdout + result.stderr
-    assert re.search(r"error: SLURM job \d+(_0)? was pending for a reason that waiting does not clear: "
-                     r"DependencyNeverSatisfied", result.stderr), result.stderr
+    assert re.search(
+        r"error: SLURM job \d+(_0)? was pending for a reason that waiting does not clear: "
+        r"DependencyNeverSatisfied",
+        result.stderr,
+    ), result.stderr
     assert "Traceback" not in result.stderr
     (job_id,) = job_ids(sweep)
     state = subprocess.run(["scontrol", "show", "job", job_id], text=True, capture_output=True).stdout

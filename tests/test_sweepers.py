@@ -41,8 +41,9 @@ def test_optuna_preset_maximises_the_returned_mean_return(tmp_path):
 
 def test_mode_test_returns_the_mean_evaluation_return(tiny_run, tmp_path):
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("config", [*TINY, "mode=test", f"load_dir={tiny_run}", "test.num_episodes=3"],
-                      return_hydra_config=True)
+        cfg = compose(
+            "config", [*TINY, "mode=test", f"load_dir={tiny_run}", "test.num_episodes=3"], return_hydra_config=True
+        )
     cfg.hydra.runtime.output_dir = str(tmp_path / "test")
     HydraConfig.instance().set_config(cfg)
     value = run(cfg)

@@ -11,8 +11,14 @@ from torchbeast_hydra.launch import job_subdir
 from conftest import REPO, rows, run_sweep, steps
 
 # A sweep job: tiny CartPole (plus total_steps, a few thousand).
-JOB = ["experiment=cartpole", "batch_size=4", "unroll_length=16",
-       "backend.num_actors=1", "backend.envs_per_actor=2", "logger.log_interval_s=1"]
+JOB = [
+    "experiment=cartpole",
+    "batch_size=4",
+    "unroll_length=16",
+    "backend.num_actors=1",
+    "backend.envs_per_actor=2",
+    "logger.log_interval_s=1",
+]
 
 
 def job_dir_name(*overrides):
@@ -22,8 +28,9 @@ def job_dir_name(*overrides):
 
 def check_job_dirs(sweep_dir, names, total_steps=2048):
     """Every job ran to total_steps in its own dir, named by its overrides, with sane figures."""
-    assert sorted(p.name for p in sweep_dir.iterdir() if not p.name.startswith(".")
-                  and p.name != "multirun.yaml") == sorted(names)
+    assert sorted(
+        p.name for p in sweep_dir.iterdir() if not p.name.startswith(".") and p.name != "multirun.yaml"
+    ) == sorted(names)
     for name in names:
         job_dir = sweep_dir / name
         logged = steps(job_dir)
@@ -47,20 +54,34 @@ def test_basic_launcher_sweep(tmp_path):
     sweep = tmp_path / "sweep"
     result = run_sweep(sweep, *JOB, "total_steps=2048", "seed=1,2", "vtrace.entropy_cost=0.01,0.0006", timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
-    check_job_dirs(sweep, [job_dir_name("total_steps=2048", f"seed={s}", f"vtrace.entropy_cost={e}")
-                           for s in (1, 2) for e in (0.01, 0.0006)])
-
+    check_job_dirs(
+        sweep,
+        [
+            job_dir_name("total_steps=2048", f"seed={s}", f"vtrace.entropy_cost={e}")
+            for s in (1, 2)
+            for e in (0.01, 0.0006)
+        ],
+    )
 
 
 @pytest.mark.slow
 def test_submitit_local_sweep_runs_jobs_in_parallel(tmp_path):
     sweep = tmp_path / "sweep"
-    result = run_sweep(sweep, *JOB, "total_steps=2048", "seed=1,2", "hydra/launcher=submitit_local",
-                       "hydra.launcher.timeout_min=5", timeout=240)
+    result = run_sweep(
+        sweep,
+        *JOB,
+        "total_steps=2048",
+        "seed=1,2",
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.timeout_min=5",
+        timeout=240,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     check_job_dirs(sweep, [job_dir_name("total_steps=2048", f"seed={s}") for s in (1, 2)])
-    starts = [(sweep / job_dir_name("total_steps=2048", f"seed={s}") / ".hydra" / "config.yaml").stat().st_mtime
-              for s in (1, 2)]
+    starts = [
+        (sweep / job_dir_name("total_steps=2048", f"seed={s}") / ".hydra" / "config.yaml").stat().st_mtime
+        for s in (1, 2)
+    ]
     ends = [(sweep / job_dir_name("total_steps=2048", f"seed={s}") / "logs.csv").stat().st_mtime for s in (1, 2)]
     assert max(starts) < min(ends), "the two jobs overlapped in time"
 
@@ -77,8 +98,14 @@ def test_launcher_preset_without_the_plugin_says_so(tmp_path):
         "cli()\n"
     )
     import subprocess
-    result = subprocess.run([sys.executable, "-c", code, "-m", f"hydra.sweep.dir={sweep}", *JOB, "seed=1,2",
-                             "hydra/launcher=slurm"], capture_output=True, text=True, timeout=120, cwd=REPO)
+
+    result = subprocess.run(
+        [sys.executable, "-c", code, "-m", f"hydra.sweep.dir={sweep}", *JOB, "seed=1,2", "hydra/launcher=slurm"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert result.returncode == 2
     assert "hydra/launcher=slurm needs the hydra-submitit-launcher plugin" in result.stderr
     assert "Traceback" not in result.stderr
@@ -87,8 +114,9 @@ def test_launcher_preset_without_the_plugin_says_so(tmp_path):
 
 def test_slurm_launch_without_sbatch_fails_clearly(tmp_path):
     sweep = tmp_path / "sweep"
-    result = run_sweep(sweep, *JOB, "seed=1,2", "hydra/launcher=slurm", timeout=120,
-                       env=dict(os.environ, PATH=str(tmp_path / "empty")))
+    result = run_sweep(
+        sweep, *JOB, "seed=1,2", "hydra/launcher=slurm", timeout=120, env=dict(os.environ, PATH=str(tmp_path / "empty"))
+    )
     assert result.returncode == 2
     assert "submits jobs with sbatch, which is not on PATH" in result.stderr
     assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr

@@ -14,13 +14,16 @@ def test_game_names_follow_ale_py():
     assert ale_game("PongNoFrameskip-v4") == "pong"
 
 
-@pytest.mark.parametrize("env_id, episodic_life, applies", [
-    ("ALE/Pong-v5", True, True),  # no lives
-    ("ALE/MsPacman-v5", True, True),  # lives, but no FIRE
-    ("ALE/Breakout-v5", True, False),  # FIRE after a lost life: only Environments does it
-    ("ALE/Breakout-v5", False, True),
-    ("CartPole-v1", True, False),
-])
+@pytest.mark.parametrize(
+    "env_id, episodic_life, applies",
+    [
+        ("ALE/Pong-v5", True, True),  # no lives
+        ("ALE/MsPacman-v5", True, True),  # lives, but no FIRE
+        ("ALE/Breakout-v5", True, False),  # FIRE after a lost life: only Environments does it
+        ("ALE/Breakout-v5", False, True),
+        ("CartPole-v1", True, False),
+    ],
+)
 def test_the_native_env_is_used_only_where_it_reproduces_ours(env_id, episodic_life, applies):
     cfg = EnvConfig(id=env_id, episodic_life=episodic_life)
     assert vector_env_applies(cfg) is applies

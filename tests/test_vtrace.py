@@ -78,9 +78,7 @@ def random_inputs(T: int, B: int, seed: int = 0):
     rewards = torch.randn(T, B, generator=g, dtype=torch.float64)
     values = torch.randn(T, B, generator=g, dtype=torch.float64)
     bootstrap_value = torch.randn(B, generator=g, dtype=torch.float64)
-    return dict(
-        log_rhos=log_rhos, discounts=discounts, rewards=rewards, values=values, bootstrap_value=bootstrap_value
-    )
+    return dict(log_rhos=log_rhos, discounts=discounts, rewards=rewards, values=values, bootstrap_value=bootstrap_value)
 
 
 @pytest.mark.parametrize("clip_pg_rho", THRESHOLDS)
@@ -94,9 +92,7 @@ def test_from_importance_weights_matches_paper(B, T, clip_rho, clip_pg_rho):
         clip_rho,
         clip_pg_rho,
     )
-    out = vtrace.from_importance_weights(
-        **inputs, clip_rho_threshold=clip_rho, clip_pg_rho_threshold=clip_pg_rho
-    )
+    out = vtrace.from_importance_weights(**inputs, clip_rho_threshold=clip_rho, clip_pg_rho_threshold=clip_pg_rho)
     np.testing.assert_allclose(out.vs.numpy(), expected_vs, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(out.pg_advantages.numpy(), expected_adv, rtol=1e-10, atol=1e-10)
 
@@ -121,12 +117,8 @@ def test_test_inputs_make_clipping_matter():
     assert (ratios > 2.0).any() and (ratios < 0.5).any()
     unclipped = vtrace.from_importance_weights(**inputs, clip_rho_threshold=None, clip_pg_rho_threshold=None)
     for threshold in (0.5, 1.0, 2.0):
-        clipped_rho = vtrace.from_importance_weights(
-            **inputs, clip_rho_threshold=threshold, clip_pg_rho_threshold=None
-        )
-        clipped_pg = vtrace.from_importance_weights(
-            **inputs, clip_rho_threshold=None, clip_pg_rho_threshold=threshold
-        )
+        clipped_rho = vtrace.from_importance_weights(**inputs, clip_rho_threshold=threshold, clip_pg_rho_threshold=None)
+        clipped_pg = vtrace.from_importance_weights(**inputs, clip_rho_threshold=None, clip_pg_rho_threshold=threshold)
         assert not torch.allclose(clipped_rho.vs, unclipped.vs)
         assert not torch.allclose(clipped_pg.pg_advantages, unclipped.pg_advantages)
         # clip_pg_rho_threshold only affects the advantages, not the targets.

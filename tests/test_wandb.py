@@ -44,6 +44,7 @@ def first_run(run_dir):
 
 # End to end, through the CLI.
 
+
 @pytest.mark.slow
 def test_offline_run_logs_every_csv_field_against_step_with_the_config(offline_run):
     run_dir, output = offline_run
@@ -94,8 +95,15 @@ def test_resume_continues_the_same_wandb_run(offline_run):
 def test_test_mode_logs_its_evaluation_and_video_to_the_trained_run(offline_run, tmp_path):
     run_dir, _ = offline_run
     run_id = (run_dir / "wandb_run_id").read_text().strip()
-    run_cli(tmp_path / "eval", "experiment=cartpole", "mode=test", f"load_dir={run_dir}",
-            "test.num_episodes=2", "test.record_video=true", "logger.wandb.mode=offline")
+    run_cli(
+        tmp_path / "eval",
+        "experiment=cartpole",
+        "mode=test",
+        f"load_dir={run_dir}",
+        "test.num_episodes=2",
+        "test.record_video=true",
+        "logger.wandb.mode=offline",
+    )
     with open(run_dir / "eval.csv", newline="") as f:
         result = list(csv.DictReader(f))[-1]
     evals = [r for r in offline_runs(run_dir) if r["history"] and "eval/mean_return" in r["history"][0]]
@@ -133,9 +141,13 @@ def test_wandb_that_cannot_start_does_not_stop_training(tmp_path):
         port = s.getsockname()[1]
     run_dir = tmp_path / "run"
     started = time.monotonic()
-    result = run_cli(run_dir, *TINY, "logger.wandb.mode=online", "logger.wandb.init_timeout_s=4",
-                     env=cli_env(WANDB_MODE=None, WANDB_API_KEY="x" * 40,
-                                 WANDB_BASE_URL=f"http://127.0.0.1:{port}"))
+    result = run_cli(
+        run_dir,
+        *TINY,
+        "logger.wandb.mode=online",
+        "logger.wandb.init_timeout_s=4",
+        env=cli_env(WANDB_MODE=None, WANDB_API_KEY="x" * 40, WANDB_BASE_URL=f"http://127.0.0.1:{port}"),
+    )
     output = result.stdout + result.stderr
     assert output.count("Training goes on without wandb") == 1, output
     assert "wandb did not start" in output and f"127.0.0.1:{port}" in output, output
@@ -145,15 +157,23 @@ def test_wandb_that_cannot_start_does_not_stop_training(tmp_path):
 
 # In-process: the sink's contract, without the CLI.
 
+
 def settings(**overrides):
-    base = dict(mode="offline", project="p", entity=None, group=None, name=None, tags=[],
-                init_timeout_s=5.0)
+    base = dict(mode="offline", project="p", entity=None, group=None, name=None, tags=[], init_timeout_s=5.0)
     return SimpleNamespace(**{**base, **overrides})
 
 
 def test_numeric_fields_keep_every_number_and_skip_the_rest():
-    row = dict(step=64, sps=10.5, mean_episode_return="", episode_returns="[1.0, 2.0]",
-               learner_queue_size=3, connected_clients=2, flag=True, note="x")
+    row = dict(
+        step=64,
+        sps=10.5,
+        mean_episode_return="",
+        episode_returns="[1.0, 2.0]",
+        learner_queue_size=3,
+        connected_clients=2,
+        flag=True,
+        note="x",
+    )
     assert numeric_fields(row) == dict(step=64, sps=10.5, learner_queue_size=3, connected_clients=2)
 
 
@@ -298,8 +318,7 @@ def test_an_online_run_resumed_from_a_checkpoint_rewinds_wandb_to_it(tmp_path, m
 def test_where_wandb_cannot_rewind_the_run_continues_without_repeating_steps(tmp_path, monkeypatch, caplog):
     # The crashed attempt logged up to step 3200; wandb continues the run at its next step, 3201.
     run = RecordingRun(resumed=True, step=3201)
-    sink, calls = resumed_sink(tmp_path, monkeypatch, "online",
-                               [wandb.errors.CommError("rewind is not enabled"), run])
+    sink, calls = resumed_sink(tmp_path, monkeypatch, "online", [wandb.errors.CommError("rewind is not enabled"), run])
     assert [c.get("resume_from") for c in calls] == ["abc123?_step=2561", None]
     assert calls[1]["id"] == "abc123" and calls[1]["resume"] == "allow"
     for step in range(2624, 3400, 64):
@@ -319,5 +338,4 @@ def test_offline_and_new_runs_continue_or_start_the_run(tmp_path, monkeypatch, m
 
 def test_hydra_labels_outside_hydra_are_empty():
     assert wandb_log.hydra_labels() == (None, None, [])
-    assert wandb_log.sweep_name(wandb_log.Path("outputs/multirun/2024-05-01/12-00-00")) == \
-        "2024-05-01/12-00-00"
+    assert wandb_log.sweep_name(wandb_log.Path("outputs/multirun/2024-05-01/12-00-00")) == "2024-05-01/12-00-00"

@@ -27,8 +27,8 @@ def records(path: str | Path):
         if left < CHUNK_HEADER:  # the block's tail is padding
             pos += left
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + CHUNK_HEADER])
-        payload = data[pos + CHUNK_HEADER:pos + CHUNK_HEADER + length]
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + CHUNK_HEADER])
+        payload = data[pos + CHUNK_HEADER : pos + CHUNK_HEADER + length]
         pos += CHUNK_HEADER + length
         if kind == FULL:
             parts = [payload]

@@ -28,7 +28,6 @@ from .training import RunDirError
 log = logging.getLogger("torchbeast_hydra")
 
 
-
 def config_dir() -> str:
     """The config tree: inside the package when installed from a wheel, else the checkout's conf/."""
     package = Path(__file__).resolve().parent
@@ -75,8 +74,7 @@ def write_run_info(run_dir: Path) -> None:
 
     def git(*args: str) -> str:
         try:
-            return subprocess.run(["git", *args], cwd=source, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
+            return subprocess.run(["git", *args], cwd=source, capture_output=True, text=True, timeout=10).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
 
@@ -102,7 +100,7 @@ def final_return(training_run) -> float:
         with open(training_run.csv_path, newline="") as f:
             for row in csv.DictReader(f):
                 recent.extend(json.loads(row.get("episode_returns") or "[]"))
-        recent = recent[-training_run.stats.recent_returns.maxlen:]
+        recent = recent[-training_run.stats.recent_returns.maxlen :]
     return sum(recent) / len(recent) if recent else math.nan
 
 
@@ -163,9 +161,11 @@ def main(cfg: DictConfig) -> float:
     except Exception as error:
         if not memory.is_out_of_memory(error):
             raise
-        log.error("error: out of memory in the learner process (%s). Lower batch_size or unroll_length "
-                  "(the memory estimate is near the top of this log); the last checkpoint is intact.",
-                  str(error).splitlines()[0] if str(error) else type(error).__name__)
+        log.error(
+            "error: out of memory in the learner process (%s). Lower batch_size or unroll_length "
+            "(the memory estimate is near the top of this log); the last checkpoint is intact.",
+            str(error).splitlines()[0] if str(error) else type(error).__name__,
+        )
         sys.exit(1)
 
 

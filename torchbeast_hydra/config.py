@@ -342,17 +342,25 @@ def validate(cfg) -> None:
         value = cfg.vtrace[key]
         _check(value is None or value > 0, f"vtrace.{key} must be positive or null (no clipping).")
     for name, term in cfg.vtrace.extra_losses.items():
-        _check(isinstance(term, Mapping) and set(term) == {"fn", "cost"} and isinstance(term["fn"], str)
-               and isinstance(term["cost"], (int, float)) and not isinstance(term["cost"], bool),
-               f"vtrace.extra_losses.{name} must be {{fn: module.function, cost: a number}}, e.g. "
-               f"+vtrace.extra_losses.{name}={{fn:my_losses.kl_to_behaviour,cost:0.1}}.")
+        _check(
+            isinstance(term, Mapping)
+            and set(term) == {"fn", "cost"}
+            and isinstance(term["fn"], str)
+            and isinstance(term["cost"], (int, float))
+            and not isinstance(term["cost"], bool),
+            f"vtrace.extra_losses.{name} must be {{fn: module.function, cost: a number}}, e.g. "
+            f"+vtrace.extra_losses.{name}={{fn:my_losses.kl_to_behaviour,cost:0.1}}.",
+        )
     _check(cfg.optim.learning_rate > 0, f"optim.learning_rate={cfg.optim.learning_rate} must be positive.")
     _check(cfg.optim.epsilon > 0, "optim.epsilon must be positive.")
     _check(cfg.optim.grad_norm_clipping > 0, "optim.grad_norm_clipping must be positive.")
     if OptimName(cfg.optim.name) is OptimName.adam:
         _check(len(cfg.optim.betas) == 2, "optim.betas must have two values, e.g. [0.9,0.999].")
-    _check(bool(cfg.model.get("_target_")), "model._target_ must name the model's body class, "
-           "e.g. model._target_=my_pkg.models.MyBody (see the README's Extending section).")
+    _check(
+        bool(cfg.model.get("_target_")),
+        "model._target_ must name the model's body class, "
+        "e.g. model._target_=my_pkg.models.MyBody (see the README's Extending section).",
+    )
     _check(cfg.model.get("lstm_layers", 1) >= 1, "model.lstm_layers must be at least 1.")
     _check(cfg.env.frame_stack >= 1 and cfg.env.frame_skip >= 1, "env.frame_stack and env.frame_skip must be >= 1.")
     _check(0.0 <= cfg.env.sticky_action_prob <= 1.0, "env.sticky_action_prob must be in [0, 1].")
@@ -361,8 +369,9 @@ def validate(cfg) -> None:
     _check(cfg.logger.log_interval_s > 0, "logger.log_interval_s must be positive.")
     _check(cfg.test.max_episode_steps >= 1, "test.max_episode_steps must be at least 1.")
     sticky = cfg.test.sticky_action_prob
-    _check(sticky is None or 0 <= sticky <= 1,
-           f"test.sticky_action_prob={sticky} must be in [0, 1] (or null: as trained).")
+    _check(
+        sticky is None or 0 <= sticky <= 1, f"test.sticky_action_prob={sticky} must be in [0, 1] (or null: as trained)."
+    )
     _check(cfg.backend.max_actor_restarts >= 0, "backend.max_actor_restarts must be >= 0.")
     _check(cfg.backend.learner_torch_threads >= 0, "backend.learner_torch_threads must be >= 0 (0: all cores).")
     _check(cfg.test.num_episodes >= 1, "test.num_episodes must be at least 1.")
@@ -377,8 +386,10 @@ def validate(cfg) -> None:
 
 def _validate_wandb(wandb) -> None:
     _check(bool(wandb.project and wandb.project.strip()), "logger.wandb.project must not be empty.")
-    _check(not any(c in wandb.project for c in "/\\#?%:"),
-           f"logger.wandb.project={wandb.project!r} may not contain / \\ # ? % or :.")
+    _check(
+        not any(c in wandb.project for c in "/\\#?%:"),
+        f"logger.wandb.project={wandb.project!r} may not contain / \\ # ? % or :.",
+    )
     _check(wandb.init_timeout_s > 0, "logger.wandb.init_timeout_s must be positive.")
     for tag in wandb.tags:
         _check(0 < len(str(tag)) <= 64, f"logger.wandb.tags: {tag!r} must be 1 to 64 characters.")
@@ -420,8 +431,10 @@ def _validate_poly(cfg) -> None:
         _check(len(backend.address) > len(ADDRESS_FILE_PREFIX), "backend.address=file:PATH needs a path.")
     else:
         _, port = split_address(backend.address)
-        _check(role is not PolyRole.env or port != 0,
-               "backend.role=env needs the learner's address: backend.address=HOST:PORT (or file:PATH).")
+        _check(
+            role is not PolyRole.env or port != 0,
+            "backend.role=env needs the learner's address: backend.address=HOST:PORT (or file:PATH).",
+        )
     for key in ("max_batch_size", "learner_queue_size", "max_clients"):
         _check(backend[key] >= 1, f"backend.{key} must be at least 1.")
     _check(backend.batch_timeout_ms >= 0, "backend.batch_timeout_ms must be >= 0.")

@@ -164,21 +164,20 @@ def probe_env(cfg: EnvConfig) -> EnvSpec:
 class Environments:
     """A few envs stepped in lockstep; outputs are preallocated arrays [num_envs, ...]."""
 
-    def __init__(self, cfg: EnvConfig, num_envs: int, seed: int, episodic_life: bool,
-                 render_mode: str | None = None):
+    def __init__(self, cfg: EnvConfig, num_envs: int, seed: int, episodic_life: bool, render_mode: str | None = None):
         self.envs = [make_env(cfg, render_mode) for _ in range(num_envs)]
         self.spec = env_spec(self.envs[0], cfg.id)
         self.seeds = [seed + i for i in range(num_envs)]
         self.episodic_life = episodic_life and is_atari(cfg.id, cfg.imports)
         self.fire_after_life_loss = (
-            self.episodic_life
-            and cfg.fire_reset
-            and "FIRE" in self.envs[0].unwrapped.get_action_meanings()
+            self.episodic_life and cfg.fire_reset and "FIRE" in self.envs[0].unwrapped.get_action_meanings()
         )
         n = num_envs
         # The rollout layout's env keys (layout.py), one row per env.
-        self.out = {key: np.zeros((n, *shape), dtype)
-                    for key, (shape, dtype) in layout.numpy_specs(self.spec, layout.ENV).items()}
+        self.out = {
+            key: np.zeros((n, *shape), dtype)
+            for key, (shape, dtype) in layout.numpy_specs(self.spec, layout.ENV).items()
+        }
         self.out["done"][:] = True
         self._return = np.zeros(n, np.float32)
         self._steps = np.zeros(n, np.int32)

@@ -38,8 +38,9 @@ def evaluate(cfg, run_dir: Path) -> dict:
     model_cfg = saved_model_config(state["config"]["model"])
     record = cfg.test.record_video
     # Life losses as in training: FIRE after one where the game needs it, and `done` for the model.
-    envs = Environments(env_cfg, 1, seed=cfg.seed, episodic_life=env_cfg.episodic_life,
-                        render_mode="rgb_array" if record else None)
+    envs = Environments(
+        env_cfg, 1, seed=cfg.seed, episodic_life=env_cfg.episodic_life, render_mode="rgb_array" if record else None
+    )
     if record:
         envs.envs[0] = _record_video(envs.envs[0], run_dir / "videos")
     model = make_model(model_cfg, envs.spec)
@@ -71,11 +72,12 @@ def evaluate(cfg, run_dir: Path) -> dict:
         seed=cfg.seed,
     )
     _append_row(run_dir / "eval.csv", result)
-    _log_to_wandb(cfg, run_dir, result, list((run_dir / "videos").glob("test-episode-*.mp4"))
-                  if record else [])
-    print(f"Mean return over {len(returns)} episodes: {result['mean_return']:.2f} "
-          f"± {result['std_return']:.2f} (min {result['min_return']:.1f}, max {result['max_return']:.1f}) "
-          f"at step {state['step']}.")
+    _log_to_wandb(cfg, run_dir, result, list((run_dir / "videos").glob("test-episode-*.mp4")) if record else [])
+    print(
+        f"Mean return over {len(returns)} episodes: {result['mean_return']:.2f} "
+        f"± {result['std_return']:.2f} (min {result['min_return']:.1f}, max {result['max_return']:.1f}) "
+        f"at step {state['step']}."
+    )
     return result
 
 
@@ -105,8 +107,13 @@ def play(model, envs: Environments, num_episodes: int, max_episode_steps: int, a
         if game_over or cut:
             returns.append(float(out["episode_return"][0]))
             lengths.append(int(out["episode_step"][0]))
-            log.info("Episode %d: return %.1f in %d steps%s.", len(returns), returns[-1], lengths[-1],
-                     " (cut at test.max_episode_steps)" if cut else "")
+            log.info(
+                "Episode %d: return %.1f in %d steps%s.",
+                len(returns),
+                returns[-1],
+                lengths[-1],
+                " (cut at test.max_episode_steps)" if cut else "",
+            )
             if cut:
                 envs.restart(0)
     return returns, lengths
@@ -129,8 +136,9 @@ def _record_video(env: gym.Env, folder: Path) -> gym.Env:
         raise ConfigError(
             "test.record_video=true needs moviepy: pip install -e '.[video]' (or pip install moviepy)."
         ) from None
-    return gym.wrappers.RecordVideo(env, str(folder), episode_trigger=lambda episode: True,
-                                    name_prefix="test", disable_logger=True)
+    return gym.wrappers.RecordVideo(
+        env, str(folder), episode_trigger=lambda episode: True, name_prefix="test", disable_logger=True
+    )
 
 
 def _append_row(path: Path, row: dict) -> None:

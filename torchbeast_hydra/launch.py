@@ -55,7 +55,7 @@ def job_subdir(override_dirname: str, job_num) -> str:
         return f"job{job_num}"
     if len(name) > MAX_SUBDIR_CHARS:
         digest = hashlib.sha1(name.encode()).hexdigest()[:10]
-        name = f"{name[:MAX_SUBDIR_CHARS - 11]}-{digest}"
+        name = f"{name[: MAX_SUBDIR_CHARS - 11]}-{digest}"
     return name
 
 
@@ -93,8 +93,10 @@ def check_slurm(partition: str | None) -> None:
     except (OSError, subprocess.SubprocessError) as error:
         raise LaunchError(f"cannot ask SLURM for its partitions (sinfo: {error}).") from error
     if result.returncode != 0:
-        raise LaunchError(f"SLURM's controller does not answer (sinfo: {result.stderr.strip()}). "
-                          "Is the cluster up? Locally: `make slurm-start`.")
+        raise LaunchError(
+            f"SLURM's controller does not answer (sinfo: {result.stderr.strip()}). "
+            "Is the cluster up? Locally: `make slurm-start`."
+        )
     partitions = sorted(set(result.stdout.split()))
     if partition and partition not in partitions:
         raise LaunchError(
@@ -158,15 +160,19 @@ def partition_nodes(sinfo_output: str, partition: str | None) -> tuple[str, list
 def check_fits(launcher, partition: str, nodes: list, time_limit: float | None) -> None:
     """Raises LaunchError when no node of the partition can run one job as the launcher asks."""
     tasks = int(launcher.get("tasks_per_node") or 1)
-    wants = dict(cpus=int(launcher.get("cpus_per_task") or 1) * tasks,
-                 mem_mb=int(float(launcher.get("mem_gb") or 0) * 1024),
-                 gpus=int(launcher.get("gpus_per_node") or 0) or int(launcher.get("gpus_per_task") or 0) * tasks)
+    wants = dict(
+        cpus=int(launcher.get("cpus_per_task") or 1) * tasks,
+        mem_mb=int(float(launcher.get("mem_gb") or 0) * 1024),
+        gpus=int(launcher.get("gpus_per_node") or 0) or int(launcher.get("gpus_per_task") or 0) * tasks,
+    )
     fits = [n for n in nodes if n.cpus >= wants["cpus"] and n.mem_mb >= wants["mem_mb"] and n.gpus >= wants["gpus"]]
     problems, fixes = [], []
     if not fits and nodes:
         most = {key: max(getattr(n, key) for n in nodes) for key in wants}
         if wants["cpus"] > most["cpus"]:
-            problems.append(f"{wants['cpus']} CPUs (cpus_per_task={launcher.get('cpus_per_task')} x tasks_per_node={tasks})")
+            problems.append(
+                f"{wants['cpus']} CPUs (cpus_per_task={launcher.get('cpus_per_task')} x tasks_per_node={tasks})"
+            )
             fixes.append(f"hydra.launcher.cpus_per_task={max(1, most['cpus'] // tasks)}")
         if wants["mem_mb"] > most["mem_mb"]:
             problems.append(f"{wants['mem_mb'] / 1024:g} GB (mem_gb)")
@@ -180,21 +186,24 @@ def check_fits(launcher, partition: str, nodes: list, time_limit: float | None) 
         raise LaunchError(
             f"each job asks for {', '.join(problems)}, but no node of SLURM partition '{partition}' has "
             f"that (its nodes: {offers}): set {' '.join(fixes) or 'smaller hydra.launcher resources'}, or "
-            "pick a partition that has it with hydra.launcher.partition=NAME.")
+            "pick a partition that has it with hydra.launcher.partition=NAME."
+        )
     wanted_min = launcher.get("timeout_min")
     if time_limit is not None and wanted_min and float(wanted_min) > time_limit:
         raise LaunchError(
             f"hydra.launcher.timeout_min={wanted_min} is above SLURM partition '{partition}'s time limit "
             f"({time_limit:g} min), so the jobs would never start: set hydra.launcher.timeout_min={int(time_limit)} "
-            "(runs are requeued at the limit and resume from their checkpoint).")
+            "(runs are requeued at the limit and resume from their checkpoint)."
+        )
 
 
 def check_resources(launcher) -> None:
     """Compares what each job asks for with the nodes of its partition (sinfo), before submitting."""
     partition = launcher.get("partition")
     try:
-        result = subprocess.run(["sinfo", "-h", "-N", "-o", "%N|%P|%c|%m|%G|%l"], capture_output=True,
-                                text=True, timeout=30)
+        result = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N|%P|%c|%m|%G|%l"], capture_output=True, text=True, timeout=30
+        )
     except (OSError, subprocess.SubprocessError) as error:
         raise LaunchError(f"cannot ask SLURM for its nodes (sinfo: {error}).") from error
     name, nodes, time_limit = partition_nodes(result.stdout, partition)

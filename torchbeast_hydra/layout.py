@@ -54,8 +54,9 @@ def numpy_specs(spec, writer: str | None = None) -> dict:
     for key, f in LAYOUT.items():
         if writer is not None and f.writer != writer:
             continue
-        shape = tuple(spec.obs_shape) if f.shape == OBS else tuple(
-            spec.num_actions if d == ACTIONS else d for d in f.shape)
+        shape = (
+            tuple(spec.obs_shape) if f.shape == OBS else tuple(spec.num_actions if d == ACTIONS else d for d in f.shape)
+        )
         dtype = np.dtype(spec.obs_dtype) if f.dtype == OBS else np.dtype(f.dtype)
         out[key] = (shape, dtype)
     return out
@@ -65,5 +66,6 @@ def rollout_specs(spec) -> dict:
     """key -> (per-step shape, torch dtype): the learner's and the buffers' view of the layout."""
     import torch  # here, not at the top: env client processes use this module and never need torch
 
-    return {key: (shape, torch.from_numpy(np.zeros(0, dtype)).dtype)
-            for key, (shape, dtype) in numpy_specs(spec).items()}
+    return {
+        key: (shape, torch.from_numpy(np.zeros(0, dtype)).dtype) for key, (shape, dtype) in numpy_specs(spec).items()
+    }

@@ -53,8 +53,9 @@ LossTerm = Callable[[LossInputs], torch.Tensor]
 
 
 def policy_gradient_term(inputs: LossInputs) -> torch.Tensor:
-    return policy_gradient_loss(inputs.outputs["policy_logits"], inputs.steps["action"],
-                                inputs.targets.pg_advantages, inputs.mask)
+    return policy_gradient_loss(
+        inputs.outputs["policy_logits"], inputs.steps["action"], inputs.targets.pg_advantages, inputs.mask
+    )
 
 
 def baseline_term(inputs: LossInputs) -> torch.Tensor:
@@ -75,17 +76,22 @@ BUILTIN_TERMS = {
 
 def loss_terms(cfg: VtraceConfig) -> dict:
     """name -> (term, cost): IMPALA's terms, then vtrace.extra_losses (yours, by import path)."""
-    terms = {name: (term, 1.0 if field is None else getattr(cfg, field))
-             for name, (term, field) in BUILTIN_TERMS.items()}
+    terms = {
+        name: (term, 1.0 if field is None else getattr(cfg, field)) for name, (term, field) in BUILTIN_TERMS.items()
+    }
     for name, extra in (getattr(cfg, "extra_losses", None) or {}).items():
         if name in terms or name == "total_loss" or not name.endswith("_loss"):
-            raise ConfigError(f"vtrace.extra_losses.{name}: name extra terms <something>_loss, "
-                              f"other than total_loss and {', '.join(BUILTIN_TERMS)}.")
+            raise ConfigError(
+                f"vtrace.extra_losses.{name}: name extra terms <something>_loss, "
+                f"other than total_loss and {', '.join(BUILTIN_TERMS)}."
+            )
         try:
             term = hydra.utils.get_method(extra["fn"])
         except Exception as error:
-            raise ConfigError(f"vtrace.extra_losses.{name}.fn={extra['fn']!r} is not an importable "
-                              f"function (module.function): {error}") from error
+            raise ConfigError(
+                f"vtrace.extra_losses.{name}.fn={extra['fn']!r} is not an importable "
+                f"function (module.function): {error}"
+            ) from error
         terms[name] = (term, float(extra["cost"]))
     return terms
 
@@ -157,9 +163,7 @@ def make_scheduler(cfg: OptimConfig, optimizer, steps_done, total_steps: int):
     """
     if not cfg.anneal_lr:
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0)
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda update: max(0.0, 1.0 - steps_done() / total_steps)
-    )
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: max(0.0, 1.0 - steps_done() / total_steps))
 
 
 class NonFiniteUpdate(RuntimeError):
@@ -196,7 +200,8 @@ class Learner:
             raise NonFiniteUpdate(
                 f"non-finite loss or gradient ({stats}); the weights were not updated. Look for NaN/inf "
                 "rewards or observations, or lower optim.learning_rate; optim.on_nonfinite=skip skips "
-                "such updates instead.")
+                "such updates instead."
+            )
         else:
             self.skipped_updates += 1
             log.warning("Skipped an update with a non-finite loss or gradient: %s", stats)

@@ -179,8 +179,10 @@ def cgroup_memory_left() -> int | None:
         if controllers == "":  # v2
             group, files = Path("/sys/fs/cgroup", path.lstrip("/")), ("memory.max", "memory.current")
         elif "memory" in controllers.split(","):  # v1
-            group, files = Path("/sys/fs/cgroup/memory", path.lstrip("/")), ("memory.limit_in_bytes",
-                                                                            "memory.usage_in_bytes")
+            group, files = (
+                Path("/sys/fs/cgroup/memory", path.lstrip("/")),
+                ("memory.limit_in_bytes", "memory.usage_in_bytes"),
+            )
         else:
             continue
         try:
@@ -206,6 +208,7 @@ def _gib(n: int) -> str:
 
 def summary(needed: Estimate) -> str:
     """One line for the log: the total and the parts."""
+
     def listed(parts):
         return ", ".join(f"{name} {_gib(size)}" for name, size in sorted(parts.items(), key=lambda kv: -kv[1]))
 
@@ -218,8 +221,10 @@ def summary(needed: Estimate) -> str:
 def _refusal(where: str, parts: dict, total: int, available: int) -> str:
     largest = max(parts, key=parts.get)
     listed = ", ".join(f"{name} {_gib(size)}" for name, size in sorted(parts.items(), key=lambda kv: -kv[1]))
-    return (f"this config needs about {_gib(total)} of {where} ({listed}) but {_gib(available)} is available: "
-            f"lower {REMEDIES.get(largest, largest)}, or set check_memory=false to start anyway.")
+    return (
+        f"this config needs about {_gib(total)} of {where} ({listed}) but {_gib(available)} is available: "
+        f"lower {REMEDIES.get(largest, largest)}, or set check_memory=false to start anyway."
+    )
 
 
 def check(cfg, spec: EnvSpec, model: torch.nn.Module, device: torch.device) -> Estimate:
@@ -241,8 +246,10 @@ def describe_exit(exitcode: int | None) -> str:
     """An actor's end in words; a SIGKILL is most often the kernel's out-of-memory killer."""
     text = f"died with exit code {exitcode}"
     if exitcode == -9:
-        text += (" (SIGKILL: most often the kernel's out-of-memory killer, see `dmesg`; if memory is short, "
-                 "lower backend.num_actors, batch_size or unroll_length)")
+        text += (
+            " (SIGKILL: most often the kernel's out-of-memory killer, see `dmesg`; if memory is short, "
+            "lower backend.num_actors, batch_size or unroll_length)"
+        )
     return text
 
 

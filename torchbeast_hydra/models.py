@@ -42,7 +42,8 @@ def _image_shape(obs_shape: tuple, model: str) -> tuple:
     if len(obs_shape) != 3:
         raise ValueError(
             f"{model} needs image observations [channels, height, width], but the env's observations "
-            f"have shape {tuple(obs_shape)}. Use model=mlp for vector observations.")
+            f"have shape {tuple(obs_shape)}. Use model=mlp for vector observations."
+        )
     return tuple(obs_shape)
 
 
@@ -51,8 +52,10 @@ def _flat_size(layers: nn.Module, obs_shape: tuple, model: str) -> int:
         with torch.no_grad():
             return layers(torch.zeros(1, *obs_shape)).shape[1]
     except RuntimeError as error:
-        raise ValueError(f"{model} does not fit observations of shape {tuple(obs_shape)} ({error}); "
-                         "use images of at least 36x36 (env.screen_size) or another model.") from None
+        raise ValueError(
+            f"{model} does not fit observations of shape {tuple(obs_shape)} ({error}); "
+            "use images of at least 36x36 (env.screen_size) or another model."
+        ) from None
 
 
 class AtariNetBody(Body):
@@ -165,9 +168,7 @@ class ActorCritic(nn.Module):
             core_output = core_input
         policy_logits = self.policy(core_output)
         baseline = self.baseline(core_output)
-        outputs = dict(
-            policy_logits=policy_logits.view(T, B, self.num_actions), baseline=baseline.view(T, B)
-        )
+        outputs = dict(policy_logits=policy_logits.view(T, B, self.num_actions), baseline=baseline.view(T, B))
         if action == "greedy":
             outputs["action"] = policy_logits.argmax(dim=-1).view(T, B)
         elif action == "sample":
@@ -198,19 +199,20 @@ def make_model(cfg, spec: EnvSpec) -> ActorCritic:
     A body that cannot be built for this env, takes other fields than the config gives, or
     breaks the Body contract raises ConfigError (chained to the cause, whose traceback helps).
     """
-    fields = OmegaConf.to_container(OmegaConf.create(cfg) if not OmegaConf.is_config(cfg) else cfg,
-                                    resolve=True)
+    fields = OmegaConf.to_container(OmegaConf.create(cfg) if not OmegaConf.is_config(cfg) else cfg, resolve=True)
     target = fields.get("_target_")
     if not target:
         raise ConfigError("model._target_ must name the model's body class, e.g. my_pkg.models.MyBody.")
     body_fields = {key: value for key, value in fields.items() if key not in CORE_FIELDS}
     try:
-        body = hydra.utils.instantiate({"_target_": target, **body_fields}, obs_shape=tuple(spec.obs_shape),
-                                       _convert_="all")
+        body = hydra.utils.instantiate(
+            {"_target_": target, **body_fields}, obs_shape=tuple(spec.obs_shape), _convert_="all"
+        )
     except Exception as error:
         cause = error.__cause__ or error  # instantiate wraps the body's own error
-        raise ConfigError(f"model {target} cannot be built for observations {tuple(spec.obs_shape)} "
-                          f"with {body_fields}: {cause}") from cause
+        raise ConfigError(
+            f"model {target} cannot be built for observations {tuple(spec.obs_shape)} with {body_fields}: {cause}"
+        ) from cause
     _check_body(body, target, spec)
     return ActorCritic(body, spec.num_actions, fields.get("use_lstm", False), fields.get("lstm_layers", 1))
 
@@ -224,8 +226,10 @@ def _check_body(body, target: str, spec: EnvSpec) -> None:
     with torch.no_grad():
         features = body(frames)
     if tuple(features.shape) != (2, size) or not features.is_floating_point():
-        raise ConfigError(f"model {target} returned features {tuple(features.shape)} {features.dtype} for "
-                          f"2 observations; the Body contract wants float [2, output_size={size}].")
+        raise ConfigError(
+            f"model {target} returned features {tuple(features.shape)} {features.dtype} for "
+            f"2 observations; the Body contract wants float [2, output_size={size}]."
+        )
 
 
 # Checkpoints written before models were named by _target_ named them by model.name.

@@ -190,8 +190,13 @@ class MonoBeast(Backend):
         self.state_buffers = create_state_buffers(self.policy, count)
         self.pool = BufferPool(count, backend.envs_per_actor)
         self.env_cfg = OmegaConf.to_object(cfg.env)
-        self.actors = ActorProcesses(self._start_actor, backend.num_actors, backend.max_actor_restarts,
-                                     what="Actor", on_exit=self.pool.remove_actor)
+        self.actors = ActorProcesses(
+            self._start_actor,
+            backend.num_actors,
+            backend.max_actor_restarts,
+            what="Actor",
+            on_exit=self.pool.remove_actor,
+        )
         self._batch_lock = threading.Lock()
 
     def _start_actor(self, index: int, number: int):
@@ -201,8 +206,16 @@ class MonoBeast(Backend):
         process = self.ctx.Process(
             target=actor_main,
             name=f"actor-{index}",
-            args=(self.env_cfg, backend.envs_per_actor, seed, self.cfg.unroll_length,
-                  self.policy, self.buffers, self.state_buffers, actor_end),
+            args=(
+                self.env_cfg,
+                backend.envs_per_actor,
+                seed,
+                self.cfg.unroll_length,
+                self.policy,
+                self.buffers,
+                self.state_buffers,
+                actor_end,
+            ),
             daemon=True,
         )
         process.start()
@@ -235,8 +248,11 @@ class MonoBeast(Backend):
         batch = {key: gather(buffer, idx, pin) for key, buffer in self.buffers.items()}
         core_state = tuple(gather(buffer, idx, pin) for buffer in self.state_buffers)
         self.pool.release(indices)
-        observed = dict(free_queue_size=len(self.pool.free), full_queue_size=self.pool.full.qsize(),
-                        gather_ms=round(1000 * (time.perf_counter() - started), 3))
+        observed = dict(
+            free_queue_size=len(self.pool.free),
+            full_queue_size=self.pool.full.qsize(),
+            gather_ms=round(1000 * (time.perf_counter() - started), 3),
+        )
         return batch, core_state, observed
 
     def shut_down(self) -> None:

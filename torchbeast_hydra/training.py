@@ -65,8 +65,9 @@ def actor_seed(run_seed: int, actor: int, envs_per_actor: int) -> int:
 
 def env_signature(env_id: str, spec: EnvSpec) -> dict:
     """What a checkpoint's env must match to resume: its id and spaces."""
-    return dict(id=env_id, obs_shape=list(spec.obs_shape), obs_dtype=str(spec.obs_dtype),
-                num_actions=int(spec.num_actions))
+    return dict(
+        id=env_id, obs_shape=list(spec.obs_shape), obs_dtype=str(spec.obs_dtype), num_actions=int(spec.num_actions)
+    )
 
 
 class RunDirError(RuntimeError):
@@ -116,8 +117,15 @@ class TrainingRun:
             with writing(self.csv_path):
                 sinks.append(CsvLog(self.csv_path, resume_step=start_step))
         group, name, tags = hydra_labels()
-        wandb_log = WandbLog(cfg.logger.wandb, self.run_dir, group=group, name=name, tags=tags,
-                             config=to_plain_dict(cfg), resume_step=start_step)
+        wandb_log = WandbLog(
+            cfg.logger.wandb,
+            self.run_dir,
+            group=group,
+            name=name,
+            tags=tags,
+            config=to_plain_dict(cfg),
+            resume_step=start_step,
+        )
         if wandb_log.active:
             sinks.append(wandb_log)
         self.stats = Stats(start_step, cfg.total_steps, sinks, start_time_s=elapsed_s)
@@ -141,22 +149,28 @@ class TrainingRun:
         current_shapes = {key: tuple(value.shape) for key, value in self.learner.model.state_dict().items()}
         if saved_shapes != current_shapes:
             differ = sorted(set(saved_shapes) ^ set(current_shapes)) or [
-                key for key in saved_shapes if saved_shapes[key] != current_shapes[key]]
+                key for key in saved_shapes if saved_shapes[key] != current_shapes[key]
+            ]
             key = differ[0]
             before, now = (list(shapes.get(key, ["absent"])) for shapes in (saved_shapes, current_shapes))
             detail = f"{key}: {before} saved, {now} now"
             raise self._mismatch("model", saved.get("model"), current["model"], f"parameter shapes differ ({detail})")
         for group in ("env", "model"):
-            changed = {key: (value, current[group][key]) for key, value in saved.get(group, {}).items()
-                       if key in current[group] and value != current[group][key]}
+            changed = {
+                key: (value, current[group][key])
+                for key, value in saved.get(group, {}).items()
+                if key in current[group] and value != current[group][key]
+            }
             for key, (before, now) in changed.items():
-                log.warning("Resuming with %s.%s=%s (trained with %s): it does not change shapes.",
-                            group, key, now, before)
+                log.warning(
+                    "Resuming with %s.%s=%s (trained with %s): it does not change shapes.", group, key, now, before
+                )
 
     def _mismatch(self, group: str, saved, current, why: str) -> checkpoint.CheckpointError:
         return checkpoint.CheckpointError(
             f"{self.checkpoint_path} was trained with {group}={saved}, but this run asks for {group}={current}: "
-            f"{why}. Resume with the original config, or start in a new run dir.")
+            f"{why}. Resume with the original config, or start in a new run dir."
+        )
 
     @property
     def done(self) -> bool:
@@ -231,8 +245,9 @@ class StopOnSignals:
     def _handle(self, signum, frame):
         if self.stop.is_set() and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        log.warning("Received %s: stopping after the current update and saving a checkpoint.",
-                    signal.Signals(signum).name)
+        log.warning(
+            "Received %s: stopping after the current update and saving a checkpoint.", signal.Signals(signum).name
+        )
         if self.received is None:
             self.received, self.previous = signum, self._previous[signum]
         self.stop.set()
@@ -251,8 +266,16 @@ class ActorProcesses:
     stops the run with that message (a restart could not fix it).
     """
 
-    def __init__(self, start: Callable[[int, int], Any], count: int, max_restarts: int, what: str = "Actor",
-                 on_exit: Callable[[int], None] = lambda index: None, final=(), fatal=None):
+    def __init__(
+        self,
+        start: Callable[[int, int], Any],
+        count: int,
+        max_restarts: int,
+        what: str = "Actor",
+        on_exit: Callable[[int], None] = lambda index: None,
+        final=(),
+        fatal=None,
+    ):
         self._start_process, self.count, self.max_restarts = start, count, max_restarts
         self.what, self.on_exit, self.final, self.fatal = what, on_exit, tuple(final), dict(fatal or {})
         self.processes = {}
@@ -286,12 +309,20 @@ class ActorProcesses:
             if code in self.fatal:
                 raise RuntimeError(self.fatal[code].format(index=index))
             self.restarts += 1
-            log.error("%s %d (pid %s) %s; starting a replacement (%d/%d).",
-                      self.what, index, process.pid, describe_exit(code), self.restarts, self.max_restarts)
+            log.error(
+                "%s %d (pid %s) %s; starting a replacement (%d/%d).",
+                self.what,
+                index,
+                process.pid,
+                describe_exit(code),
+                self.restarts,
+                self.max_restarts,
+            )
             if self.restarts > self.max_restarts:
                 raise RuntimeError(
                     f"{self.what.lower()}s died {self.restarts} times (last exit code {code}); see the log "
-                    "above for the cause. Raise backend.max_actor_restarts if crashes are expected.")
+                    "above for the cause. Raise backend.max_actor_restarts if crashes are expected."
+                )
             self._start(index)
 
     @property
@@ -359,8 +390,7 @@ class Backend:
     def publish_weights(self) -> None:
         """Copies the learner's weights into the acting policy (in place: shared memory stays shared)."""
         with torch.no_grad(), self.run.lock, self.weights_lock:
-            for target, source in zip(self.policy.state_dict().values(),
-                                      self.run.learner.model.state_dict().values()):
+            for target, source in zip(self.policy.state_dict().values(), self.run.learner.model.state_dict().values()):
                 target.copy_(source)
 
     def _learn(self) -> None:
@@ -380,8 +410,10 @@ class Backend:
 
     def train(self) -> None:
         run = self.run
-        learners = [threading.Thread(target=self._learn, name=f"learner-{i}", daemon=True)
-                    for i in range(self.num_learner_threads)]
+        learners = [
+            threading.Thread(target=self._learn, name=f"learner-{i}", daemon=True)
+            for i in range(self.num_learner_threads)
+        ]
         with StopOnSignals(run.stop_requested) as run.stopped_by:
             try:
                 self.start()

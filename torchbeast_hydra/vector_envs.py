@@ -18,7 +18,7 @@ import re
 import numpy as np
 
 from .config import EnvConfig
-from .envs import EnvSpec, Environments, env_spec, is_atari, make_env, probe_env
+from .envs import Environments, EnvSpec, env_spec, is_atari, make_env, probe_env
 
 
 def ale_game(env_id: str) -> str:
@@ -54,11 +54,23 @@ def _native(cfg: EnvConfig, num_envs: int, num_threads: int):
     from ale_py.vector_env import AtariVectorEnv
 
     return AtariVectorEnv(
-        ale_game(cfg.id), num_envs, num_threads=num_threads, autoreset_mode="SameStep",
-        repeat_action_probability=cfg.sticky_action_prob, full_action_space=cfg.full_action_space,
-        img_height=cfg.screen_size, img_width=cfg.screen_size, grayscale=True, stack_num=cfg.frame_stack,
-        frameskip=cfg.frame_skip, maxpool=True, noop_max=cfg.noop_max, episodic_life=False,
-        life_loss_info=False, reward_clipping=False, use_fire_reset=cfg.fire_reset,
+        ale_game(cfg.id),
+        num_envs,
+        num_threads=num_threads,
+        autoreset_mode="SameStep",
+        repeat_action_probability=cfg.sticky_action_prob,
+        full_action_space=cfg.full_action_space,
+        img_height=cfg.screen_size,
+        img_width=cfg.screen_size,
+        grayscale=True,
+        stack_num=cfg.frame_stack,
+        frameskip=cfg.frame_skip,
+        maxpool=True,
+        noop_max=cfg.noop_max,
+        episodic_life=False,
+        life_loss_info=False,
+        reward_clipping=False,
+        use_fire_reset=cfg.fire_reset,
     )
 
 
@@ -81,8 +93,9 @@ def vector_env_applies(cfg: EnvConfig) -> bool:
     except Exception:  # a game or an option ale-py's vector env does not know
         return False
     try:
-        same = bool(native.single_observation_space.shape == spec.obs_shape
-                and native.single_action_space.n == spec.num_actions)
+        same = bool(
+            native.single_observation_space.shape == spec.obs_shape and native.single_action_space.n == spec.num_actions
+        )
     finally:
         native.close()
     return same

@@ -63,8 +63,13 @@ def resolve_mode(mode: str, environ: Mapping[str, str] = os.environ) -> str:
     """online / offline / disabled. `auto`: WANDB_MODE if set, else online with credentials."""
     if mode != "auto":
         return mode
-    from_env = {"online": "online", "run": "online", "offline": "offline", "dryrun": "offline",
-                "disabled": "disabled"}.get(environ.get("WANDB_MODE", "").lower())
+    from_env = {
+        "online": "online",
+        "run": "online",
+        "offline": "offline",
+        "dryrun": "offline",
+        "disabled": "disabled",
+    }.get(environ.get("WANDB_MODE", "").lower())
     if from_env:
         return from_env
     return "online" if has_credentials(environ) else "offline"
@@ -140,7 +145,7 @@ def sweep_name(sweep_dir: Path) -> str:
 def _clean(text: str, limit: int) -> str:
     """No whitespace, and at most `limit` characters (wandb's limits: names 128, tags 64)."""
     text = re.sub(r"\s+", "", text)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def numeric_fields(row: Mapping) -> dict:
@@ -159,9 +164,18 @@ def numeric_fields(row: Mapping) -> dict:
 class WandbLog:
     """A sink that sends rows to one wandb run; never raises, never blocks the caller for long."""
 
-    def __init__(self, settings, run_dir: str | os.PathLike, *, config: Optional[dict] = None,
-                 group: Optional[str] = None, name: Optional[str] = None, tags: Iterable[str] = (),
-                 job_type: Optional[str] = "train", resume_step: int = 0):
+    def __init__(
+        self,
+        settings,
+        run_dir: str | os.PathLike,
+        *,
+        config: Optional[dict] = None,
+        group: Optional[str] = None,
+        name: Optional[str] = None,
+        tags: Iterable[str] = (),
+        job_type: Optional[str] = "train",
+        resume_step: int = 0,
+    ):
         self.mode = resolve_mode(_value(settings.mode))
         self.run_dir = Path(run_dir)
         self.run = None
@@ -179,19 +193,27 @@ class WandbLog:
             self._fail(f"cannot keep the run id in {self.run_dir}: {error}")
             return
         init_kwargs = dict(
-            project=settings.project, entity=settings.entity, group=settings.group or group,
-            name=settings.name or name, tags=_unique([*tags, *settings.tags]) or None,
-            config=config, job_type=job_type, dir=str(self.run_dir), mode=self.mode,
+            project=settings.project,
+            entity=settings.entity,
+            group=settings.group or group,
+            name=settings.name or name,
+            tags=_unique([*tags, *settings.tags]) or None,
+            config=config,
+            job_type=job_type,
+            dir=str(self.run_dir),
+            mode=self.mode,
         )
         self._first_step = 0  # rows at lower steps are not sent (see the module docstring)
-        self._thread = threading.Thread(target=self._work, args=(init_tries(init_kwargs, self.run_id, self.mode, resume_step),
-                                                                 settings.init_timeout_s),
-                                        name="wandb", daemon=True)
+        self._thread = threading.Thread(
+            target=self._work,
+            args=(init_tries(init_kwargs, self.run_id, self.mode, resume_step), settings.init_timeout_s),
+            name="wandb",
+            daemon=True,
+        )
         self._thread.start()
         # A little longer than wandb's own deadline, which normally ends a stuck start first.
         if not self._ready.wait(settings.init_timeout_s + min(10.0, settings.init_timeout_s)):
-            self._fail(f"wandb did not start within {settings.init_timeout_s:g} s "
-                       "(logger.wandb.init_timeout_s)")
+            self._fail(f"wandb did not start within {settings.init_timeout_s:g} s (logger.wandb.init_timeout_s)")
 
     @property
     def active(self) -> bool:
@@ -202,8 +224,13 @@ class WandbLog:
         metrics = numeric_fields(row)
         self.log(metrics, wandb_step=metrics.get("step"))
 
-    def log(self, metrics: Mapping, videos: Optional[Mapping[str, str | os.PathLike]] = None,
-            summary: Optional[Mapping] = None, wandb_step: Optional[int] = None) -> None:
+    def log(
+        self,
+        metrics: Mapping,
+        videos: Optional[Mapping[str, str | os.PathLike]] = None,
+        summary: Optional[Mapping] = None,
+        wandb_step: Optional[int] = None,
+    ) -> None:
         """Queues metrics (a `step` key sets their x), video files to upload and summary values.
 
         wandb_step: wandb's `_step` for the row; None: the next one (as for an evaluation)."""
@@ -228,8 +255,7 @@ class WandbLog:
         if thread.is_alive():
             self._fail(f"wandb did not finish within {timeout_s:g} s")
         elif self.mode == "offline" and self.sync_dir and not self._failed.is_set():
-            log.info("wandb: offline run %s saved; upload it with:  wandb sync %s", self.run_id,
-                     self.sync_dir)
+            log.info("wandb: offline run %s saved; upload it with:  wandb sync %s", self.run_id, self.sync_dir)
 
     # The wandb thread: every wandb call happens here.
 
@@ -240,15 +266,19 @@ class WandbLog:
 
             for i, kwargs in enumerate(tries):
                 try:
-                    run = wandb.init(**kwargs, settings=wandb.Settings(
-                        init_timeout=init_timeout_s, silent=True, console="off"))
+                    run = wandb.init(
+                        **kwargs, settings=wandb.Settings(init_timeout=init_timeout_s, silent=True, console="off")
+                    )
                     break
                 except Exception as error:
                     if i + 1 == len(tries):
                         raise
-                    log.warning("wandb could not rewind run %s to the checkpoint (%s); continuing it instead: "
-                                "steps past the checkpoint keep the crashed attempt's figures.", self.run_id,
-                                _first_line(error))
+                    log.warning(
+                        "wandb could not rewind run %s to the checkpoint (%s); continuing it instead: "
+                        "steps past the checkpoint keep the crashed attempt's figures.",
+                        self.run_id,
+                        _first_line(error),
+                    )
         except BaseException as error:  # anything, even a KeyboardInterrupt-like exit of wandb
             self._fail(f"wandb did not start: {_first_line(error)}")
             self._ready.set()
@@ -326,4 +356,3 @@ def _unique(items: Iterable[str]) -> list:
 
 def _value(mode) -> str:
     return mode.value if hasattr(mode, "value") else str(mode)
-

@@ -78,8 +78,12 @@ class PendingWatch(threading.Thread):
                 continue
             arrays = sorted({i.split("_")[0] for i in ids})
             try:
-                out = subprocess.run(["squeue", "-h", "-j", ",".join(arrays), "-o", "%i|%T|%r"],
-                                     capture_output=True, text=True, timeout=60).stdout
+                out = subprocess.run(
+                    ["squeue", "-h", "-j", ",".join(arrays), "-o", "%i|%T|%r"],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                ).stdout
             except (OSError, subprocess.SubprocessError):
                 continue  # the controller may be busy; ask again at the next poll
             self.found = hopeless(out)
@@ -89,9 +93,11 @@ class PendingWatch(threading.Thread):
 
     def report(self) -> str:
         job, reason = self.found
-        return (f"error: SLURM job {job} was pending for a reason that waiting does not clear: {reason} "
-                f"({HOPELESS_REASONS[reason]}). The sweep's jobs were cancelled; change the hydra.launcher "
-                "settings (`scontrol show job` and `sinfo` tell what the cluster offers) and start the sweep again.")
+        return (
+            f"error: SLURM job {job} was pending for a reason that waiting does not clear: {reason} "
+            f"({HOPELESS_REASONS[reason]}). The sweep's jobs were cancelled; change the hydra.launcher "
+            "settings (`scontrol show job` and `sinfo` tell what the cluster offers) and start the sweep again."
+        )
 
 
 class SlurmLauncher(submitit_launcher.SlurmLauncher):
@@ -106,8 +112,7 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
             if watch.found:
                 print(watch.report(), file=sys.stderr)
             else:
-                print(f"error: a sweep job failed (sweep dir {self.config.hydra.sweep.dir}):\n{error}",
-                      file=sys.stderr)
+                print(f"error: a sweep job failed (sweep dir {self.config.hydra.sweep.dir}):\n{error}", file=sys.stderr)
             sys.exit(1)
         finally:
             watch.finished.set()

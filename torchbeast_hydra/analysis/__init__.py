@@ -27,7 +27,20 @@ from .runs import (
 )
 
 __all__ = [
-    "ALL_RUNS", "RETURN", "SEED", "episode_returns", "final_returns", "final_returns_by_setting",
-    "find_runs", "latest_runs_dir", "learning_curve", "load_run", "load_runs", "loss_columns",
-    "read_overrides", "read_seed", "settings", "swept_keys",
+    "ALL_RUNS",
+    "RETURN",
+    "SEED",
+    "episode_returns",
+    "final_returns",
+    "final_returns_by_setting",
+    "find_runs",
+    "latest_runs_dir",
+    "learning_curve",
+    "load_run",
+    "load_runs",
+    "loss_columns",
+    "read_overrides",
+    "read_seed",
+    "settings",
+    "swept_keys",
 ]

@@ -19,15 +19,19 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="torchbeast-hydra-plot",
         description="Learning curves (return, SPS, losses; seeds aggregated per swept setting) "
-                    "and a table of final returns for a run or a sweep.")
-    parser.add_argument("runs_dir", nargs="?", help="a run dir or a multirun dir "
-                        "(default: the newest under outputs/)")
-    parser.add_argument("--out", help="where to write the PNGs and final_returns.csv "
-                        "(default: RUNS_DIR/plots)")
-    parser.add_argument("--last-n", type=int, default=100,
-                        help="final return: the mean of each run's last N episodes (default 100)")
-    parser.add_argument("--window", type=int, default=100,
-                        help="return curve: the mean of the last N episodes at each step (default 100)")
+        "and a table of final returns for a run or a sweep.",
+    )
+    parser.add_argument("runs_dir", nargs="?", help="a run dir or a multirun dir (default: the newest under outputs/)")
+    parser.add_argument("--out", help="where to write the PNGs and final_returns.csv (default: RUNS_DIR/plots)")
+    parser.add_argument(
+        "--last-n", type=int, default=100, help="final return: the mean of each run's last N episodes (default 100)"
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=100,
+        help="return curve: the mean of the last N episodes at each step (default 100)",
+    )
     parser.add_argument("--bins", type=int, default=100, help="points per curve (default 100)")
     args = parser.parse_args(argv)
 

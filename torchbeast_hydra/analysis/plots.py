@@ -17,8 +17,9 @@ from . import runs
 DPI = 100
 
 
-def curves_figure(df: pd.DataFrame, metrics: Sequence[str], titles: Optional[Sequence[str]] = None,
-                  bins: int = 100, columns: int = 2) -> Figure:
+def curves_figure(
+    df: pd.DataFrame, metrics: Sequence[str], titles: Optional[Sequence[str]] = None, bins: int = 100, columns: int = 2
+) -> Figure:
     """One panel per metric against steps; per setting, the mean across runs and a ± std band."""
     metrics = [m for m in metrics if m in df.columns and df[m].notna().any()]
     titles = list(titles or metrics)
@@ -32,12 +33,18 @@ def curves_figure(df: pd.DataFrame, metrics: Sequence[str], titles: Optional[Seq
             color = f"C{i % 10}"
             count = int(part["runs"].max())
             ax.plot(part["step"], part["mean"], color=color, label=f"{setting} ({count} run{'s' * (count > 1)})")
-            ax.fill_between(part["step"], part["mean"] - part["std"], part["mean"] + part["std"],
-                            color=color, alpha=0.2, linewidth=0)
+            ax.fill_between(
+                part["step"],
+                part["mean"] - part["std"],
+                part["mean"] + part["std"],
+                color=color,
+                alpha=0.2,
+                linewidth=0,
+            )
         ax.set_title(title)
         ax.set_xlabel("steps")
         ax.grid(alpha=0.3)
-    for ax in axes[len(metrics):]:
+    for ax in axes[len(metrics) :]:
         ax.set_visible(False)
     if metrics:
         axes[0].legend(fontsize="small")
@@ -65,10 +72,8 @@ def final_returns_figure(table: pd.DataFrame) -> Figure:
     fig = Figure(figsize=(max(6.4, 1.2 * len(table) + 2), 4.0), dpi=DPI, layout="constrained")
     ax = fig.subplots()
     positions = range(len(table))
-    ax.bar(positions, table["mean"], yerr=table["std"].fillna(0.0), capsize=4,
-           color=[f"C{i % 10}" for i in positions])
-    ax.set_xticks(list(positions), [str(s) for s in table.index], rotation=20, ha="right",
-                  fontsize="small")
+    ax.bar(positions, table["mean"], yerr=table["std"].fillna(0.0), capsize=4, color=[f"C{i % 10}" for i in positions])
+    ax.set_xticks(list(positions), [str(s) for s in table.index], rotation=20, ha="right", fontsize="small")
     ax.set_ylabel("final return")
     ax.set_title("Final return per setting (mean ± std across runs)")
     ax.grid(axis="y", alpha=0.3)

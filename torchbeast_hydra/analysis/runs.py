@@ -74,15 +74,17 @@ def episode_returns(df: pd.DataFrame) -> list:
 def load_run(run_dir: str | Path, name: Optional[str] = None, window: int = 100) -> pd.DataFrame:
     """One run's logs.csv with its overrides, seed and recent_return columns."""
     run_dir = Path(run_dir)
-    df = pd.read_csv(run_dir / "logs.csv", dtype={"episode_returns": str}, keep_default_na=False,
-                     na_values=[""])
+    df = pd.read_csv(run_dir / "logs.csv", dtype={"episode_returns": str}, keep_default_na=False, na_values=[""])
     df = df.dropna(subset=["step"]).reset_index(drop=True)  # a torn last line
     df["episode_returns"] = df["episode_returns"].fillna("[]")
     df[RETURN] = _recent_returns(df["episode_returns"], window)
     df.insert(0, "run", name if name is not None else run_dir.name)
     # One column per override key; a key that clashes with a logged field gets an `override.`.
-    columns = {key: f"override.{key}" if key in df.columns or key == "setting" else key
-               for key in read_overrides(run_dir) if key != SEED}
+    columns = {
+        key: f"override.{key}" if key in df.columns or key == "setting" else key
+        for key in read_overrides(run_dir)
+        if key != SEED
+    }
     for key, value in read_overrides(run_dir).items():
         if key in columns:
             df[columns[key]] = value
@@ -101,15 +103,15 @@ def load_runs(path: str | Path, window: int = 100) -> pd.DataFrame:
     run_dirs = find_runs(path)
     if not run_dirs:
         raise FileNotFoundError(f"no runs (no logs.csv) under {path}")
-    frames = [load_run(d, name=str(d.relative_to(path)) if d != path else d.name, window=window)
-              for d in run_dirs]
+    frames = [load_run(d, name=str(d.relative_to(path)) if d != path else d.name, window=window) for d in run_dirs]
     keys = list(dict.fromkeys(k for f in frames for k in f.attrs["override_keys"]))
     df = pd.concat(frames, ignore_index=True)
     swept = swept_keys(df, keys)
     if swept:
         labels = df[swept].fillna("").astype(str)
-        df["setting"] = [",".join(f"{k}={v}" for k, v in zip(swept, row) if v != "")
-                         for row in labels.itertuples(index=False)]
+        df["setting"] = [
+            ",".join(f"{k}={v}" for k, v in zip(swept, row) if v != "") for row in labels.itertuples(index=False)
+        ]
     else:
         df["setting"] = ALL_RUNS
     df.attrs.update(override_keys=keys, swept_keys=swept, window=window)
@@ -139,11 +141,16 @@ def final_returns(df: pd.DataFrame, last_n: int = 100) -> pd.DataFrame:
     rows = []
     for run, run_df in df.groupby("run", sort=False):
         returns = episode_returns(run_df)[-last_n:]
-        rows.append(dict(
-            run=run, setting=run_df["setting"].iloc[0], seed=run_df[SEED].iloc[0],
-            steps=int(run_df["step"].max()), episodes=len(episode_returns(run_df)),
-            final_return=float(np.mean(returns)) if returns else np.nan,
-        ))
+        rows.append(
+            dict(
+                run=run,
+                setting=run_df["setting"].iloc[0],
+                seed=run_df[SEED].iloc[0],
+                steps=int(run_df["step"].max()),
+                episodes=len(episode_returns(run_df)),
+                final_return=float(np.mean(returns)) if returns else np.nan,
+            )
+        )
     return pd.DataFrame(rows, columns=["run", "setting", "seed", "steps", "episodes", "final_return"])
 
 
@@ -170,13 +177,19 @@ def learning_curve(df: pd.DataFrame, metric: str, bins: int = 100) -> pd.DataFra
             continue
         top = float(part["step"].max())
         edges = np.linspace(0.0, top, max(1, min(bins, part.groupby("run").size().max())) + 1)
-        index = np.clip(np.searchsorted(edges, part["step"].to_numpy(float), side="left") - 1,
-                        0, len(edges) - 2)
+        index = np.clip(np.searchsorted(edges, part["step"].to_numpy(float), side="left") - 1, 0, len(edges) - 2)
         per_run = part.assign(_bin=index).groupby(["run", "_bin"])[metric].mean().unstack("run")
-        out.append(pd.DataFrame(dict(
-            setting=setting, step=edges[per_run.index + 1], mean=per_run.mean(axis=1).to_numpy(),
-            std=per_run.std(axis=1).fillna(0.0).to_numpy(), runs=per_run.count(axis=1).to_numpy(),
-        )))
+        out.append(
+            pd.DataFrame(
+                dict(
+                    setting=setting,
+                    step=edges[per_run.index + 1],
+                    mean=per_run.mean(axis=1).to_numpy(),
+                    std=per_run.std(axis=1).fillna(0.0).to_numpy(),
+                    runs=per_run.count(axis=1).to_numpy(),
+                )
+            )
+        )
     if not out:
         return pd.DataFrame(columns=["setting", "step", "mean", "std", "runs"])
     return pd.concat(out, ignore_index=True)
@@ -210,5 +223,8 @@ def _recent_returns(cells: pd.Series, window: int) -> list:
 
 
 def _natural_key(text: str):
-    return [(0, float(part), "") if re.fullmatch(r"\d+(\.\d+)?(e-?\d+)?", part) else (1, 0.0, part)
-            for part in re.split(r"(\d+(?:\.\d+)?(?:e-?\d+)?)", str(text)) if part]
+    return [
+        (0, float(part), "") if re.fullmatch(r"\d+(\.\d+)?(e-?\d+)?", part) else (1, 0.0, part)
+        for part in re.split(r"(\d+(?:\.\d+)?(?:e-?\d+)?)", str(text))
+        if part
+    ]

@@ -59,17 +59,30 @@ def local_clients(cfg, address: str, token: str, max_message_bytes: int) -> Acto
     env_cfg = OmegaConf.to_object(cfg.env)
     threads = max(1, usable_cores() // backend.num_actors)  # the native vector env's, per client
     make_envs = envs_maker(env_cfg, threads) if backend.vector_env else None
-    args = (env_cfg, address, token, backend.envs_per_actor, backend.connect_timeout_s, max_message_bytes,
-            True, make_envs)  # True: the parent handles SIGINT
+    args = (
+        env_cfg,
+        address,
+        token,
+        backend.envs_per_actor,
+        backend.connect_timeout_s,
+        max_message_bytes,
+        True,
+        make_envs,
+    )  # True: the parent handles SIGINT
 
     def start(index: int, number: int):  # env seeds come from the server (per connection)
         process = ctx.Process(target=client_main, args=args, name=f"env-client-{index}", daemon=True)
         process.start()
         return process
 
-    return ActorProcesses(start, backend.num_actors, backend.max_actor_restarts, what="Env client",
-                          final=(FINISHED, UNREACHABLE),  # nothing a restart would fix
-                          fatal={REFUSED: "the learner refused env client {index}; see its log above."})
+    return ActorProcesses(
+        start,
+        backend.num_actors,
+        backend.max_actor_restarts,
+        what="Env client",
+        final=(FINISHED, UNREACHABLE),  # nothing a restart would fix
+        fatal={REFUSED: "the learner refused env client {index}; see its log above."},
+    )
 
 
 class PolyBeast(Backend):
@@ -81,16 +94,32 @@ class PolyBeast(Backend):
         self.token = resolve_token(backend)
         self.device = run.device
         self.rollouts = RolloutQueue(backend.learner_queue_size)
-        self.inference = DynamicBatcher(self._infer, backend.max_batch_size, backend.batch_timeout_ms / 1000,
-                                        producers=lambda: self.pool.connected, name="inference",
-                                        setup=lambda: torch.set_num_threads(backend.inference_torch_threads))
+        self.inference = DynamicBatcher(
+            self._infer,
+            backend.max_batch_size,
+            backend.batch_timeout_ms / 1000,
+            producers=lambda: self.pool.connected,
+            name="inference",
+            setup=lambda: torch.set_num_threads(backend.inference_torch_threads),
+        )
         self.pool = ActorPool(
-            run.spec, cfg.env.id, self.inference, self._initial_state, self._enqueue, self.token,
-            cfg.unroll_length, backend.cut_at_reset, backend.max_envs_per_client, cfg.seed,
-            max_clients=backend.max_clients, client_idle_timeout_s=backend.client_idle_timeout_s,
-            chunk_size=cfg.batch_size)
-        self.max_message_bytes = wire.max_message_bytes(run.spec.obs_shape, run.spec.obs_dtype,
-                                                        backend.max_envs_per_client)
+            run.spec,
+            cfg.env.id,
+            self.inference,
+            self._initial_state,
+            self._enqueue,
+            self.token,
+            cfg.unroll_length,
+            backend.cut_at_reset,
+            backend.max_envs_per_client,
+            cfg.seed,
+            max_clients=backend.max_clients,
+            client_idle_timeout_s=backend.client_idle_timeout_s,
+            chunk_size=cfg.batch_size,
+        )
+        self.max_message_bytes = wire.max_message_bytes(
+            run.spec.obs_shape, run.spec.obs_dtype, backend.max_envs_per_client
+        )
         self.server = None
         self.clients = None
 
@@ -154,15 +183,21 @@ class PolyBeast(Backend):
         try:
             server, port = make_server(self.pool, backend.address, self.max_message_bytes)
         except RuntimeError as error:
-            raise ConfigError(f"cannot listen on backend.address={backend.address} ({error}); "
-                              "is another learner using that port?") from None
+            raise ConfigError(
+                f"cannot listen on backend.address={backend.address} ({error}); is another learner using that port?"
+            ) from None
         server.start()
         host, _ = split_address(backend.address)
         write_address_file(self.run.run_dir / ADDRESS_FILE, host, port)
-        log.info("ActorPool listening on %s:%d (%s). Env clients: backend=poly backend.role=env "
-                 "backend.address=HOST:%d with the same %s.", host, port,
-                 "loopback only" if host in ("127.0.0.1", "localhost", "[::1]") else "reachable from other machines",
-                 port, TOKEN_ENV_VAR)
+        log.info(
+            "ActorPool listening on %s:%d (%s). Env clients: backend=poly backend.role=env "
+            "backend.address=HOST:%d with the same %s.",
+            host,
+            port,
+            "loopback only" if host in ("127.0.0.1", "localhost", "[::1]") else "reachable from other machines",
+            port,
+            TOKEN_ENV_VAR,
+        )
         return server, port
 
     def shut_down(self) -> None:
@@ -205,8 +240,12 @@ def run_env_clients(cfg) -> int:
     max_bytes = wire.max_message_bytes(spec.obs_shape, spec.obs_dtype, backend.max_envs_per_client)
     clients = local_clients(cfg, backend.address, token, max_bytes)
     stop = threading.Event()
-    log.info("Starting %d env clients (%d envs each) for the learner at %s.",
-             backend.num_actors, backend.envs_per_actor, backend.address)
+    log.info(
+        "Starting %d env clients (%d envs each) for the learner at %s.",
+        backend.num_actors,
+        backend.envs_per_actor,
+        backend.address,
+    )
     with StopOnSignals(stop):
         clients.start()
         try:

@@ -25,9 +25,15 @@ class BatcherClosed(RuntimeError):
 
 
 class DynamicBatcher:
-    def __init__(self, fn: Callable[[Tensors], Tensors], max_batch_size: int, timeout_s: float,
-                 producers: Callable[[], int] | None = None, setup: Callable[[], None] | None = None,
-                 name: str = "batcher"):
+    def __init__(
+        self,
+        fn: Callable[[Tensors], Tensors],
+        max_batch_size: int,
+        timeout_s: float,
+        producers: Callable[[], int] | None = None,
+        setup: Callable[[], None] | None = None,
+        name: str = "batcher",
+    ):
         """producers: how many callers there are (no waiting once all are in a batch);
         setup: run first on the worker thread (e.g. torch.set_num_threads, which is per thread)."""
         self.fn = fn
@@ -116,8 +122,11 @@ class DynamicBatcher:
             sizes = [size for _, size, _ in batch]
             started = time.perf_counter()
             try:
-                inputs = batch[0][0] if len(batch) == 1 else {
-                    key: torch.cat([request[key] for request, _, _ in batch]) for key in batch[0][0]}
+                inputs = (
+                    batch[0][0]
+                    if len(batch) == 1
+                    else {key: torch.cat([request[key] for request, _, _ in batch]) for key in batch[0][0]}
+                )
                 outputs = self.fn(inputs)
                 parts = {key: value.split(sizes) for key, value in outputs.items()}
             except Exception as error:  # answer every caller; the batcher keeps serving

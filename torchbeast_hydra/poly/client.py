@@ -31,8 +31,12 @@ log = logging.getLogger(__name__)
 FINISHED, REFUSED, UNREACHABLE = 0, 2, 3
 
 # A refusal the client cannot fix by retrying: wrong token, env or message.
-PERMANENT = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
-             grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT}
+PERMANENT = {
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.INVALID_ARGUMENT,
+}
 
 
 class ClientRefused(RuntimeError):
@@ -59,8 +63,16 @@ class EnvsMaker(Protocol):
 
 
 class EnvClient:
-    def __init__(self, env_cfg: EnvConfig, address: str, token: str, num_envs: int,
-                 connect_timeout_s: float, max_message_bytes: int, make_envs: EnvsMaker | None = None):
+    def __init__(
+        self,
+        env_cfg: EnvConfig,
+        address: str,
+        token: str,
+        num_envs: int,
+        connect_timeout_s: float,
+        max_message_bytes: int,
+        make_envs: EnvsMaker | None = None,
+    ):
         self.env_cfg = env_cfg
         self.address = address
         self.token = token
@@ -93,8 +105,12 @@ class EnvClient:
                     if self.outputs is not None:  # we were connected: wait afresh for the learner
                         deadline = max(deadline, time.monotonic() + self.connect_timeout_s)
                     if time.monotonic() > deadline:
-                        log.error("No learner at %s for %.0f s (%s); giving up (backend.connect_timeout_s).",
-                                  self.address, self.connect_timeout_s, lost)
+                        log.error(
+                            "No learner at %s for %.0f s (%s); giving up (backend.connect_timeout_s).",
+                            self.address,
+                            self.connect_timeout_s,
+                            lost,
+                        )
                         return UNREACHABLE
                     time.sleep(backoff)
                     backoff = min(2 * backoff, 2.0)
@@ -107,7 +123,7 @@ class EnvClient:
         restarted learner may serve on another port)."""
         if not self.address.startswith(ADDRESS_FILE_PREFIX):
             return self.address
-        path = Path(self.address[len(ADDRESS_FILE_PREFIX):])
+        path = Path(self.address[len(ADDRESS_FILE_PREFIX) :])
         try:
             return path.read_text().strip()
         except OSError:
@@ -121,8 +137,9 @@ class EnvClient:
                 grpc.channel_ready_future(channel).result(timeout=2.0)
             except grpc.FutureTimeoutError:
                 raise ConnectionError("cannot connect") from None
-            connect = channel.stream_stream(wire.CONNECT, request_serializer=None,
-                                            response_deserializer=wire.ServerMessage.FromString)
+            connect = channel.stream_stream(
+                wire.CONNECT, request_serializer=None, response_deserializer=wire.ServerMessage.FromString
+            )
             outgoing = queue.SimpleQueue()
             responses = connect(iter(outgoing.get, None), metadata=((wire.TOKEN_METADATA_KEY, self.token),))
             try:
@@ -165,8 +182,16 @@ class EnvClient:
         return message.SerializeToString()
 
 
-def client_main(env_cfg: EnvConfig, address: str, token: str, num_envs: int, connect_timeout_s: float,
-                max_message_bytes: int, ignore_sigint: bool, make_envs: EnvsMaker | None = None) -> None:
+def client_main(
+    env_cfg: EnvConfig,
+    address: str,
+    token: str,
+    num_envs: int,
+    connect_timeout_s: float,
+    max_message_bytes: int,
+    ignore_sigint: bool,
+    make_envs: EnvsMaker | None = None,
+) -> None:
     """A client process's entry point (spawned by role=all or role=env)."""
     if ignore_sigint:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us

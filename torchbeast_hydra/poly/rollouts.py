@@ -30,8 +30,16 @@ Emit = Callable[[dict, tuple], None]
 
 
 class RolloutBuilder:
-    def __init__(self, specs: dict, num_envs: int, unroll_length: int, initial_state: tuple,
-                 cut_at_reset: bool, emit: Emit, chunk_size: int = 1):
+    def __init__(
+        self,
+        specs: dict,
+        num_envs: int,
+        unroll_length: int,
+        initial_state: tuple,
+        cut_at_reset: bool,
+        emit: Emit,
+        chunk_size: int = 1,
+    ):
         """specs: rollout_specs(); initial_state: each env's core state, tensors [num_envs, ...]."""
         self.chunk_size = chunk_size
         self.unroll_length = unroll_length
@@ -40,7 +48,8 @@ class RolloutBuilder:
         self.envs = np.arange(num_envs)
         self.rows = {
             key: np.zeros((unroll_length + 1, num_envs, *shape), _numpy_dtype(dtype))
-            for key, (shape, dtype) in specs.items() if key != "mask"
+            for key, (shape, dtype) in specs.items()
+            if key != "mask"
         }
         self.cursor = np.full(num_envs, -1)  # each env's last written row
         # The policy outputs that chose the envs' current actions; they go into the next row.
@@ -89,7 +98,7 @@ class RolloutBuilder:
 
     def _emit(self, envs: np.ndarray) -> None:
         for first in range(0, len(envs), self.chunk_size):
-            self._emit_chunk(envs[first:first + self.chunk_size])
+            self._emit_chunk(envs[first : first + self.chunk_size])
 
     def _emit_chunk(self, envs: np.ndarray) -> None:
         a, b = int(envs[0]), int(envs[-1]) + 1

@@ -37,8 +37,9 @@ log = logging.getLogger(__name__)
 POLICY_INPUTS = ("frame", "reward", "done", "last_action")
 # Decoded steps are read-only views of the received bytes; torch warns that such tensors must not
 # be written to, and nothing here writes to them.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
-                        module=__name__)
+warnings.filterwarnings(
+    "ignore", message="The given NumPy array is not writable", category=UserWarning, module=__name__
+)
 # Streams beyond max_clients that gRPC still hands to us, so we can refuse them with a reason.
 REFUSAL_HEADROOM = 8
 
@@ -54,10 +55,22 @@ class Refused(Exception):
 class ActorPool:
     """The service behind ActorPool/Connect; one instance serves every client."""
 
-    def __init__(self, spec: EnvSpec, env_id: str, inference: DynamicBatcher, initial_state,
-                 emit: Emit, token: str, unroll_length: int, cut_at_reset: bool,
-                 max_envs_per_client: int, seed: int, max_clients: int = 64,
-                 client_idle_timeout_s: float = 60.0, chunk_size: int = 1):
+    def __init__(
+        self,
+        spec: EnvSpec,
+        env_id: str,
+        inference: DynamicBatcher,
+        initial_state,
+        emit: Emit,
+        token: str,
+        unroll_length: int,
+        cut_at_reset: bool,
+        max_envs_per_client: int,
+        seed: int,
+        max_clients: int = 64,
+        client_idle_timeout_s: float = 60.0,
+        chunk_size: int = 1,
+    ):
         """chunk_size: rollouts handed on together at most (the learner's batch size)."""
         self.spec = spec
         self.env_id = env_id
@@ -88,8 +101,8 @@ class ActorPool:
     def handler(self) -> grpc.GenericRpcHandler:
         # Requests arrive as bytes and are parsed here, so garbage gets our status and message.
         method = grpc.stream_stream_rpc_method_handler(
-            self.connect, request_deserializer=None,
-            response_serializer=wire.ServerMessage.SerializeToString)
+            self.connect, request_deserializer=None, response_serializer=wire.ServerMessage.SerializeToString
+        )
         return grpc.method_handlers_generic_handler(wire.SERVICE, {"Connect": method})
 
     def connect(self, requests, context):
@@ -122,8 +135,10 @@ class ActorPool:
             else:
                 return  # the client closed its stream
             if not self.finished:
-                raise Refused(grpc.StatusCode.UNAVAILABLE, "the learner stopped before the end of training; "
-                                                           "reconnect to it when it is restarted")
+                raise Refused(
+                    grpc.StatusCode.UNAVAILABLE,
+                    "the learner stopped before the end of training; reconnect to it when it is restarted",
+                )
             yield wire.ServerMessage(finished=wire.Finished(reason="training finished"))
         except Refused as refused:
             if refused.code is not grpc.StatusCode.UNAVAILABLE:
@@ -136,15 +151,21 @@ class ActorPool:
         finally:
             self._close(stream)
             if stream.dropped:
-                log.warning("Dropped client %s: no message for %g s (backend.client_idle_timeout_s).",
-                            peer, self.client_idle_timeout_s)
+                log.warning(
+                    "Dropped client %s: no message for %g s (backend.client_idle_timeout_s).",
+                    peer,
+                    self.client_idle_timeout_s,
+                )
             if session is not None:
                 partial = session.close()
                 with self._lock:
                     self.connected -= 1
                 if not self.stopping.is_set():
-                    log.info("Client %d left; its %d unfinished unrolls go to the learner as partial rollouts.",
-                             client_id, partial)
+                    log.info(
+                        "Client %d left; its %d unfinished unrolls go to the learner as partial rollouts.",
+                        client_id,
+                        partial,
+                    )
 
     def _count_step(self, seconds: float, num_envs: int) -> None:
         with self._lock:
@@ -164,10 +185,12 @@ class ActorPool:
             if not full:
                 self._streams.add(stream)
         if full:
-            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"the learner already serves backend.max_clients={self.max_clients} client streams: "
-                          "raise backend.max_clients on the learner (silent clients are dropped after "
-                          f"backend.client_idle_timeout_s={self.client_idle_timeout_s:g} s)")
+            raise Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the learner already serves backend.max_clients={self.max_clients} client streams: "
+                "raise backend.max_clients on the learner (silent clients are dropped after "
+                f"backend.client_idle_timeout_s={self.client_idle_timeout_s:g} s)",
+            )
 
     def _close(self, stream: "Stream") -> None:
         with self._lock:
@@ -193,8 +216,10 @@ class ActorPool:
     def _authenticate(self, context) -> None:
         token = dict(context.invocation_metadata()).get(wire.TOKEN_METADATA_KEY, "")
         if not hmac.compare_digest(token.encode(), self.token):
-            raise Refused(grpc.StatusCode.UNAUTHENTICATED,
-                          "missing or wrong token: start clients with the learner's TORCHBEAST_TOKEN")
+            raise Refused(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or wrong token: start clients with the learner's TORCHBEAST_TOKEN",
+            )
 
     def _hello(self, raw: bytes | None):
         if raw is None:
@@ -209,21 +234,25 @@ class ActorPool:
         theirs = (tuple(hello.obs_shape), hello.obs_dtype, hello.num_actions)
         ours = (tuple(spec.obs_shape), np.dtype(spec.obs_dtype).name, spec.num_actions)
         if theirs != ours:
-            raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"the client's env {hello.env_id} (observations {theirs[1]} {list(theirs[0])}, "
-                          f"{theirs[2]} actions) does not match the learner's {self.env_id} "
-                          f"({ours[1]} {list(ours[0])}, {ours[2]} actions): start clients with the same env config")
+            raise Refused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the client's env {hello.env_id} (observations {theirs[1]} {list(theirs[0])}, "
+                f"{theirs[2]} actions) does not match the learner's {self.env_id} "
+                f"({ours[1]} {list(ours[0])}, {ours[2]} actions): start clients with the same env config",
+            )
         if not 1 <= hello.num_envs <= self.max_envs_per_client:
-            raise Refused(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"num_envs={hello.num_envs} must be in [1, {self.max_envs_per_client}] "
-                          "(backend.max_envs_per_client)")
+            raise Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"num_envs={hello.num_envs} must be in [1, {self.max_envs_per_client}] (backend.max_envs_per_client)",
+            )
         return hello
 
     def _step(self, raw: bytes, num_envs: int) -> dict:
         try:
             message = wire.parse(wire.ClientMessage, raw)
-            return wire.decode_step(message, num_envs, self.spec.obs_shape,
-                                    np.dtype(self.spec.obs_dtype).name, self.spec.num_actions)
+            return wire.decode_step(
+                message, num_envs, self.spec.obs_shape, np.dtype(self.spec.obs_dtype).name, self.spec.num_actions
+            )
         except wire.WireError as error:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed step: {error}") from None
 
@@ -273,8 +302,15 @@ class Session:
         self.inference = pool.inference
         self.inference_s = 0.0  # the last step's wait for central inference
         self.core_state = pool.initial_state(num_envs)
-        self.builder = RolloutBuilder(rollout_specs(pool.spec), num_envs, pool.unroll_length,
-                                      self.core_state, pool.cut_at_reset, pool.emit, pool.chunk_size)
+        self.builder = RolloutBuilder(
+            rollout_specs(pool.spec),
+            num_envs,
+            pool.unroll_length,
+            self.core_state,
+            pool.cut_at_reset,
+            pool.emit,
+            pool.chunk_size,
+        )
 
     def step(self, env_outputs: dict) -> np.ndarray:
         self.builder.add(env_outputs, self.core_state)

@@ -42,8 +42,9 @@ def _message(name: str, fields: list, oneof: str | None = None) -> descriptor_pb
     for number, (field_name, kind) in enumerate(fields, start=1):
         repeated = kind.startswith("repeated ")
         kind = kind.removeprefix("repeated ")
-        field = message.field.add(name=field_name, number=number,
-                                  label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL)
+        field = message.field.add(
+            name=field_name, number=number, label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL
+        )
         if kind in _SCALARS:
             field.type = _SCALARS[kind]
         else:
@@ -56,21 +57,38 @@ def _message(name: str, fields: list, oneof: str | None = None) -> descriptor_pb
 def file_descriptor() -> descriptor_pb2.FileDescriptorProto:
     """actorpool.proto, as a descriptor."""
     proto = descriptor_pb2.FileDescriptorProto(
-        name="torchbeast_hydra/poly/actorpool.proto", package=PACKAGE, syntax="proto3")
-    proto.message_type.extend([
-        _message("Array", [("data", "bytes"), ("dtype", "string"), ("shape", "repeated int64")]),
-        _message("Hello", [("env_id", "string"), ("num_envs", "int32"), ("obs_shape", "repeated int64"),
-                           ("obs_dtype", "string"), ("num_actions", "int32")]),
-        _message("Step", [(key, "Array") for key in STEP_KEYS]),
-        _message("ClientMessage", [("hello", "Hello"), ("step", "Step")], oneof="kind"),
-        _message("Welcome", [("client_id", "int64"), ("seed", "int64")]),
-        _message("Finished", [("reason", "string")]),
-        _message("ServerMessage", [("welcome", "Welcome"), ("actions", "Array"), ("finished", "Finished")],
-                 oneof="kind"),
-    ])
+        name="torchbeast_hydra/poly/actorpool.proto", package=PACKAGE, syntax="proto3"
+    )
+    proto.message_type.extend(
+        [
+            _message("Array", [("data", "bytes"), ("dtype", "string"), ("shape", "repeated int64")]),
+            _message(
+                "Hello",
+                [
+                    ("env_id", "string"),
+                    ("num_envs", "int32"),
+                    ("obs_shape", "repeated int64"),
+                    ("obs_dtype", "string"),
+                    ("num_actions", "int32"),
+                ],
+            ),
+            _message("Step", [(key, "Array") for key in STEP_KEYS]),
+            _message("ClientMessage", [("hello", "Hello"), ("step", "Step")], oneof="kind"),
+            _message("Welcome", [("client_id", "int64"), ("seed", "int64")]),
+            _message("Finished", [("reason", "string")]),
+            _message(
+                "ServerMessage", [("welcome", "Welcome"), ("actions", "Array"), ("finished", "Finished")], oneof="kind"
+            ),
+        ]
+    )
     service = proto.service.add(name="ActorPool")
-    service.method.add(name="Connect", input_type=f".{PACKAGE}.ClientMessage",
-                       output_type=f".{PACKAGE}.ServerMessage", client_streaming=True, server_streaming=True)
+    service.method.add(
+        name="Connect",
+        input_type=f".{PACKAGE}.ClientMessage",
+        output_type=f".{PACKAGE}.ServerMessage",
+        client_streaming=True,
+        server_streaming=True,
+    )
     return proto
 
 
