@@ -129,6 +129,11 @@ class RMSPropConfig(OptimConfig):
     name: OptimName = OptimName.rmsprop
     alpha: float = 0.99  # smoothing constant
     momentum: float = 0.0
+    # The running mean of squared gradients starts here. torch starts it at 0, which makes the
+    # first updates up to 1/sqrt(1 - alpha) = 10x the learning rate: on Atari that burst kills
+    # most of the conv net's ReLUs before anything is learned. TensorFlow's RMSProp (IMPALA's
+    # reference implementation) starts it at 1: updates grow into the learning rate instead.
+    initial_square_avg: float = 1.0
 
 
 @dataclass

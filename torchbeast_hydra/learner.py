@@ -149,10 +149,28 @@ def negative_entropy(logits, mask) -> torch.Tensor:
 
 def make_optimizer(cfg: OptimConfig, params) -> torch.optim.Optimizer:
     if OptimName(cfg.name) is OptimName.rmsprop:
-        return torch.optim.RMSprop(
+        optimizer = torch.optim.RMSprop(
             params, lr=cfg.learning_rate, alpha=cfg.alpha, eps=cfg.epsilon, momentum=cfg.momentum
         )
+        start_square_avg(optimizer, cfg.initial_square_avg)
+        return optimizer
     return torch.optim.Adam(params, lr=cfg.learning_rate, betas=tuple(cfg.betas), eps=cfg.epsilon)
+
+
+def start_square_avg(optimizer: torch.optim.RMSprop, value: float) -> None:
+    """Starts RMSProp's mean of squared gradients at `value` (torch starts it at 0 on the first step;
+    state already present is used as it is). A checkpoint's state replaces this on resume."""
+    if value == 0:
+        return
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state[param]
+            state["step"] = torch.zeros((), dtype=torch.float32)
+            state["square_avg"] = torch.full_like(param, value, memory_format=torch.preserve_format)
+            if group["momentum"] > 0:
+                state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            if group["centered"]:
+                state["grad_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
 
 
 def make_scheduler(cfg: OptimConfig, optimizer, steps_done, total_steps: int):
