@@ -22,7 +22,7 @@ from torchbeast_hydra.config import (
     VtraceConfig,
 )
 from torchbeast_hydra.envs import EnvSpec
-from torchbeast_hydra.learner import Learner, NonFiniteUpdate, compute_losses
+from torchbeast_hydra.learner import Learner, NonFiniteUpdate, compute_losses, make_optimizer
 
 GAMMA, BASELINE_COST, ENTROPY_COST = 0.9, 0.5, 0.01
 
@@ -497,3 +497,27 @@ def test_extra_loss_term_is_added_with_its_cost_and_reported_by_name():
 def test_bad_extra_loss_terms_are_refused_clearly(extra, message):
     with pytest.raises(ConfigError, match=message):
         compute_losses(vtrace_cfg(extra_losses=extra), tiny_batch(), tiny_outputs())
+
+
+@pytest.mark.parametrize("initial_square_avg, first_step", [(1.0, 0.01 / (math.sqrt(0.99 + 0.01) + 0.01)),
+                                                            (0.0, 0.01 / (math.sqrt(0.01) + 0.01))])
+def test_rmsprop_first_update_follows_the_initial_square_avg(initial_square_avg, first_step):
+    # Starting at 1 (TensorFlow's, IMPALA's): the first update is about the learning rate. At 0
+    # (torch's): about 10x, the burst that killed AtariNet's ReLUs on Pong (docs/defaults.md).
+    param = torch.nn.Parameter(torch.zeros(3))
+    cfg = RMSPropConfig(learning_rate=0.01, epsilon=0.01, alpha=0.99, initial_square_avg=initial_square_avg)
+    optimizer = make_optimizer(cfg, [param])
+    param.grad = torch.ones(3)
+    optimizer.step()
+    assert param.detach() == pytest.approx([-first_step] * 3, rel=1e-5)
+
+
+def test_rmsprop_initial_state_survives_a_checkpoint_round_trip():
+    param = torch.nn.Parameter(torch.zeros(2))
+    optimizer = make_optimizer(RMSPropConfig(momentum=0.9), [param])
+    restored = make_optimizer(RMSPropConfig(momentum=0.9, initial_square_avg=0.0), [param])
+    restored.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+    assert torch.equal(restored.state[param]["square_avg"], torch.ones(2))
+    param.grad = torch.ones(2)
+    restored.step()  # the momentum buffer made up front is used as is
+    assert torch.isfinite(param).all()

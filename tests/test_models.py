@@ -106,3 +106,16 @@ def test_model_configs_saved_before_target_still_build_the_same_network():
         make_model(saved_model_config(dict(name="atari_net", use_lstm=True, hidden_sizes=[64])), ATARI).lstm.num_layers
         == 2
     )
+
+
+def test_atari_net_starts_orthogonal_and_the_policy_near_uniform():
+    torch.manual_seed(0)
+    model = make_model(AtariNetConfig(), ATARI)
+    for layer in (model.body.convs[0], model.body.fc):
+        weight = layer.weight.detach().flatten(1)  # rows: output units
+        rows = weight @ weight.T if weight.shape[0] <= weight.shape[1] else weight.T @ weight
+        assert torch.allclose(rows, 2.0 * torch.eye(len(rows)), atol=1e-4)  # orthogonal, gain sqrt(2)
+        assert not layer.bias.detach().any()
+    outputs, _ = model(inputs(ATARI, 2, 3), action="none")
+    probabilities = outputs["policy_logits"].softmax(-1)
+    assert torch.allclose(probabilities, torch.full_like(probabilities, 1 / 6), atol=0.02)
