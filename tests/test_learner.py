@@ -499,8 +499,10 @@ def test_bad_extra_loss_terms_are_refused_clearly(extra, message):
         compute_losses(vtrace_cfg(extra_losses=extra), tiny_batch(), tiny_outputs())
 
 
-@pytest.mark.parametrize("initial_square_avg, first_step", [(1.0, 0.01 / (math.sqrt(0.99 + 0.01) + 0.01)),
-                                                            (0.0, 0.01 / (math.sqrt(0.01) + 0.01))])
+@pytest.mark.parametrize(
+    "initial_square_avg, first_step",
+    [(1.0, 0.01 / (math.sqrt(0.99 + 0.01) + 0.01)), (0.0, 0.01 / (math.sqrt(0.01) + 0.01))],
+)
 def test_rmsprop_first_update_follows_the_initial_square_avg(initial_square_avg, first_step):
     # Starting at 1 (TensorFlow's, IMPALA's): the first update is about the learning rate. At 0
     # (torch's): about 10x, the burst that killed AtariNet's ReLUs on Pong (docs/defaults.md).
