@@ -98,7 +98,15 @@ def last_step(run_dir: Path) -> int:
 def train(run_dir: Path, overrides: list, max_steps: int | None, stop_early) -> int:
     """Runs the CLI in run_dir (resuming if it holds a checkpoint); SIGTERM once max_steps is
     reached or stop_early(rows) says so (the run checkpoints and exits cleanly)."""
-    command = [sys.executable, "-m", "torchbeast_hydra", f"hydra.run.dir={run_dir}", *overrides]
+    # wandb off unless an override turns it on, as in every benchmark (it does not change learning).
+    command = [
+        sys.executable,
+        "-m",
+        "torchbeast_hydra",
+        f"hydra.run.dir={run_dir}",
+        "logger.wandb.mode=disabled",
+        *overrides,
+    ]
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "benchmark.out", "a") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
@@ -171,7 +179,7 @@ def main() -> None:
     parser.add_argument("--from-runs", type=Path, nargs="+", help="read these run dirs instead of training")
     parser.add_argument("--out", type=Path)
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides (the figures then are not the defaults')")
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()
     task = TASKS[args.task]
     max_steps = args.max_steps or task.max_steps
     out = args.out or Path(__file__).parent / "results" / f"{args.task}-{datetime.date.today()}"
