@@ -66,9 +66,9 @@ def local_clients(cfg, address: str, token: str, max_message_bytes: int) -> Acto
         backend.envs_per_actor,
         backend.connect_timeout_s,
         max_message_bytes,
-        True,
+        True,  # ignore_sigint: the parent handles Ctrl-C
         make_envs,
-    )  # True: the parent handles SIGINT
+    )
 
     def start(index: int, number: int):  # env seeds come from the server (per connection)
         process = ctx.Process(target=client_main, args=args, name=f"env-client-{index}", daemon=True)
