@@ -26,7 +26,7 @@ def test_monobeast_preset_keeps_torchbeasts_defaults():
     validate(cfg)
     backend = cfg.backend
     assert (backend.num_actors, backend.envs_per_actor, cfg.batch_size, cfg.unroll_length) == (4, 1, 8, 80)
-    assert (cfg.optim.learning_rate, cfg.vtrace.entropy_cost) == (0.00048, 0.0006)
+    assert (cfg.optim.learning_rate, cfg.vtrace.entropy_cost, cfg.optim.initial_square_avg) == (0.00048, 0.0006, 0)
 
 
 @pytest.mark.parametrize(

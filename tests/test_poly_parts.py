@@ -16,7 +16,7 @@ from torchbeast_hydra.layout import rollout_specs
 from torchbeast_hydra.learner import compute_losses
 from torchbeast_hydra.poly import wire
 from torchbeast_hydra.poly.batcher import BatcherClosed, DynamicBatcher
-from torchbeast_hydra.poly.rollouts import RolloutBuilder, RolloutQueue, stack_rollouts
+from torchbeast_hydra.poly.rollouts import RolloutBuilder, RolloutQueue
 
 # -- wire ----------------------------------------------------------------------------------------
 
@@ -329,7 +329,7 @@ def test_partial_rollout_vtrace_target_matches_a_hand_computation():
         steps.step()
     steps.builder.flush()
     ((rollout, _),) = steps.emitted
-    batch, _ = stack_rollouts(steps.chunks)
+    ((batch, _),) = steps.chunks  # one chunk of one env: already a batch [T+1, 1, ...]
     logits = batch["policy_logits"]
     values = torch.tensor([[1.0], [2.0], [4.0], [8.0], [16.0]])  # V(x_0..x_4); x_3, x_4 are padding
     outputs = dict(policy_logits=torch.cat([logits[1:], logits[:1]]), baseline=values)

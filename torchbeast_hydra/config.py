@@ -151,7 +151,7 @@ class BackendConfig:
     name: str = MISSING
     num_actors: int = 0  # mono: acting processes; poly: env client processes; 0: auto (resolve_auto)
     envs_per_actor: int = 0  # stepped together; evaluated as one batch (mono) or sent as one message (poly); 0: auto
-    learner_torch_threads: int = 0  # intra-op threads for the learner; 0: all cores
+    learner_torch_threads: int = 0  # intra-op threads for the learner; 0: the cores this process may use
     max_actor_restarts: int = 10  # a run whose actors keep dying stops with an error
 
 

@@ -173,12 +173,7 @@ class Environments:
             self.episodic_life and cfg.fire_reset and "FIRE" in self.envs[0].unwrapped.get_action_meanings()
         )
         n = num_envs
-        # The rollout layout's env keys (layout.py), one row per env.
-        self.out = {
-            key: np.zeros((n, *shape), dtype)
-            for key, (shape, dtype) in layout.numpy_specs(self.spec, layout.ENV).items()
-        }
-        self.out["done"][:] = True
+        self.out = layout.env_outputs(self.spec, n)  # the rollout layout's env keys, one row per env
         self._return = np.zeros(n, np.float32)
         self._steps = np.zeros(n, np.int32)
         self._lives = np.zeros(n, np.int64)

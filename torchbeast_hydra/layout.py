@@ -62,6 +62,14 @@ def numpy_specs(spec, writer: str | None = None) -> dict:
     return out
 
 
+def env_outputs(spec, num_envs: int) -> dict:
+    """The env keys' arrays for num_envs envs, [num_envs, ...], as they stand before the first
+    step: every env starting an episode (done)."""
+    out = {key: np.zeros((num_envs, *shape), dtype) for key, (shape, dtype) in numpy_specs(spec, ENV).items()}
+    out["done"][:] = True
+    return out
+
+
 def rollout_specs(spec) -> dict:
     """key -> (per-step shape, torch dtype): the learner's and the buffers' view of the layout."""
     import torch  # here, not at the top: env client processes use this module and never need torch

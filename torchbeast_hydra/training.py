@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import random
 import signal
 import threading
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 
 from . import checkpoint
-from .config import ConfigError, to_plain_dict
+from .config import ConfigError, to_plain_dict, usable_cores
 from .envs import EnvSpec
 from .learner import Learner
 from .memory import describe_exit
@@ -103,7 +102,8 @@ class TrainingRun:
         self.checkpoint_path = checkpoint.path_in(self.run_dir)
         start_step, episodes, elapsed_s = 0, 0, 0.0
         if self.checkpoint_path.exists():
-            state = checkpoint.load(self.checkpoint_path, map_location=self.device)
+            # On the CPU: the RNG states must stay there; load_state_dict moves the rest to the device.
+            state = checkpoint.load(self.checkpoint_path, map_location="cpu")
             self._check_compatible(state)
             self.learner.load_state_dict(state["learner"])
             checkpoint.set_rng_state(state["rng"])
@@ -395,7 +395,7 @@ class Backend:
 
     def _learn(self) -> None:
         # Per thread: intra-op threads are a per-thread setting.
-        torch.set_num_threads(self.cfg.backend.learner_torch_threads or os.cpu_count())
+        torch.set_num_threads(self.cfg.backend.learner_torch_threads or usable_cores())
         try:
             while not self.run.done:
                 got = self.next_batch()

@@ -17,6 +17,7 @@ import re
 
 import numpy as np
 
+from . import layout
 from .config import EnvConfig
 from .envs import Environments, EnvSpec, env_spec, is_atari, make_env, probe_env
 
@@ -115,15 +116,7 @@ class AtariVectorEnvironments:
         self.seed = seed
         self.episodic_life = cfg.episodic_life
         n = num_envs
-        self.out = {
-            "frame": np.zeros((n, *spec.obs_shape), spec.obs_dtype),
-            "reward": np.zeros(n, np.float32),
-            "done": np.ones(n, bool),
-            "episode_return": np.zeros(n, np.float32),
-            "episode_step": np.zeros(n, np.int32),
-            "last_action": np.zeros(n, np.int64),
-            "episode_end": np.zeros(n, bool),
-        }
+        self.out = layout.env_outputs(spec, n)  # the rollout layout's env keys, as Environments has them
         self._return = np.zeros(n, np.float32)
         self._steps = np.zeros(n, np.int32)
         self._lives = np.zeros(n, np.int64)

@@ -88,7 +88,10 @@ class PendingWatch(threading.Thread):
                 continue  # the controller may be busy; ask again at the next poll
             self.found = hopeless(out)
             if self.found:
-                subprocess.run(["scancel", *arrays], capture_output=True, timeout=60)
+                try:
+                    subprocess.run(["scancel", *arrays], capture_output=True, timeout=60)
+                except (OSError, subprocess.SubprocessError):
+                    pass  # reported all the same; the report names the jobs to cancel by hand
                 return
 
     def report(self) -> str:

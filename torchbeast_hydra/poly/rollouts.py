@@ -102,8 +102,10 @@ class RolloutBuilder:
 
     def _emit_chunk(self, envs: np.ndarray) -> None:
         a, b = int(envs[0]), int(envs[-1]) + 1
-        columns = slice(a, b) if b - a == len(envs) else envs  # a run of envs: a plain slice copies faster
-        rollouts = {key: torch.from_numpy(np.array(rows[:, columns])) for key, rows in self.rows.items()}
+        if b - a == len(envs):  # a run of envs: a plain slice (a view), copied once
+            rollouts = {key: torch.from_numpy(rows[:, a:b].copy()) for key, rows in self.rows.items()}
+        else:  # fancy indexing copies already
+            rollouts = {key: torch.from_numpy(rows[:, envs]) for key, rows in self.rows.items()}
         index = torch.from_numpy(envs)
         rollouts["mask"] = torch.from_numpy(self._times <= self.cursor[envs])
         self.emit(rollouts, tuple(s[index] for s in self.start_state))
@@ -189,11 +191,3 @@ def _join(parts: list, dim: int):
     if isinstance(parts[0], dict):
         return {key: torch.cat([part[key] for part in parts], dim=dim) for key in parts[0]}
     return tuple(torch.cat(group, dim=dim) for group in zip(*parts))
-
-
-def stack_rollouts(items: list) -> tuple[dict, tuple]:
-    """(rollouts [T+1, k, ...], state [k, ...]) chunks -> a batch [T+1, B, ...] and core state [layers, B, ...]."""
-    rollouts, states = zip(*items)
-    batch = _join(list(rollouts), 1)
-    core_state = _join(list(states), 0)
-    return batch, tuple(s.transpose(0, 1).contiguous() for s in core_state)
