@@ -177,6 +177,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, help="stop each run here (pong: 5M)")
     parser.add_argument("--stop-at-target", action="store_true", help="stop a run once it reaches the target")
     parser.add_argument("--from-runs", type=Path, nargs="+", help="read these run dirs instead of training")
+    parser.add_argument("--labels", nargs="+", help="with --from-runs: a label for each run (default: backend and seed)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides (the figures then are not the defaults')")
     args = parser.parse_intermixed_args()
@@ -207,8 +208,13 @@ def main() -> None:
                 run_dirs.append(run_dir)
 
     curves, results = {}, {}
-    for run_dir in run_dirs:
-        label = label_of(run_dir)
+    labels = args.labels or [None] * len(run_dirs)
+    if len(labels) != len(run_dirs):
+        parser.error(f"--labels takes one label for each of the {len(run_dirs)} runs")
+    for run_dir, label in zip(run_dirs, labels):
+        label = label or label_of(run_dir)
+        if label in results:  # two runs of one backend and seed (e.g. before and after a change)
+            label = f"{label} ({run_dir.name})"
         rows = [row for row in read_log(run_dir) if not max_steps or row["step"] <= max_steps]
         curves[label] = moving_mean(rows)
         results[label] = summarise(rows, task.target)
