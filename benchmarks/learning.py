@@ -177,7 +177,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, help="stop each run here (pong: 5M)")
     parser.add_argument("--stop-at-target", action="store_true", help="stop a run once it reaches the target")
     parser.add_argument("--from-runs", type=Path, nargs="+", help="read these run dirs instead of training")
-    parser.add_argument("--labels", nargs="+", help="with --from-runs: a label for each run (default: backend and seed)")
+    parser.add_argument("--labels", nargs="+", help="with --from-runs: one label a run")
     parser.add_argument("--out", type=Path)
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides (the figures then are not the defaults')")
     args = parser.parse_intermixed_args()
