@@ -31,7 +31,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import platform_line, read_log  # noqa: E402
+from _common import cli_command, platform_line, read_log  # noqa: E402
 
 WINDOW = 100  # games in the moving mean, as papers and TorchBeast report it
 
@@ -98,15 +98,7 @@ def last_step(run_dir: Path) -> int:
 def train(run_dir: Path, overrides: list, max_steps: int | None, stop_early) -> int:
     """Runs the CLI in run_dir (resuming if it holds a checkpoint); SIGTERM once max_steps is
     reached or stop_early(rows) says so (the run checkpoints and exits cleanly)."""
-    # wandb off unless an override turns it on, as in every benchmark (it does not change learning).
-    command = [
-        sys.executable,
-        "-m",
-        "torchbeast_hydra",
-        f"hydra.run.dir={run_dir}",
-        "logger.wandb.mode=disabled",
-        *overrides,
-    ]
+    command = cli_command(run_dir, overrides)  # wandb off, as in every benchmark
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / "benchmark.out", "a") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's package, as `python -m` runs it
-from _common import MemorySampler, platform_line  # noqa: E402
+from _common import MemorySampler, cli_command, platform_line  # noqa: E402
 
 CONFIGS = [
     ["experiment=cartpole"],
@@ -95,14 +95,7 @@ def train_for_updates(run_dir: Path, overrides: list, updates: int, seconds: flo
     import subprocess
     import time
 
-    command = [
-        sys.executable,
-        "-m",
-        "torchbeast_hydra",
-        f"hydra.run.dir={run_dir}",
-        "logger.wandb.mode=disabled",
-        *overrides,
-    ]
+    command = cli_command(run_dir, overrides)
     process = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parent.parent
     )
