@@ -175,15 +175,11 @@ class FixedFrames:
 
 class _Fixed:
     def __init__(self, spec, n: int):
-        self.out = dict(
-            frame=np.full((n, *spec.obs_shape), 7, spec.obs_dtype),
-            reward=np.zeros(n, np.float32),
-            done=np.zeros(n, bool),
-            episode_return=np.zeros(n, np.float32),
-            episode_step=np.zeros(n, np.int32),
-            last_action=np.zeros(n, np.int64),
-            episode_end=np.zeros(n, bool),
-        )
+        from torchbeast_hydra import layout
+
+        self.out = layout.env_outputs(spec, n)  # the env keys, as real envs have them
+        self.out["frame"][:] = 7
+        self.out["done"][:] = False
 
     def initial(self) -> dict:
         return self.out

@@ -113,30 +113,17 @@ def test_wheel_installs_anywhere_and_trains(tmp_path):
     assert help_page.returncode == 0 and "env: pong (default)" in help_page.stdout, help_page.stderr
 
     run_dir = elsewhere / "run"
-    train = subprocess.run(
-        [str(command), f"hydra.run.dir={run_dir}", *TINY],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=elsewhere,
-        env=cli_env(),
-    )
+
+    def installed(*args):  # the installed command, run from outside the checkout
+        return subprocess.run(
+            [str(command), *args], capture_output=True, text=True, timeout=240, cwd=elsewhere, env=cli_env()
+        )
+
+    train = installed(f"hydra.run.dir={run_dir}", *TINY)
     assert train.returncode == 0, train.stdout + train.stderr
     assert (run_dir / "checkpoint.pt").exists() and (run_dir / "logs.csv").exists()
-    test = subprocess.run(
-        [
-            str(command),
-            "mode=test",
-            f"load_dir={run_dir}",
-            f"hydra.run.dir={elsewhere / 'test'}",
-            "test.num_episodes=2",
-            *TINY,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=elsewhere,
-        env=cli_env(),
+    test = installed(
+        "mode=test", f"load_dir={run_dir}", f"hydra.run.dir={elsewhere / 'test'}", "test.num_episodes=2", *TINY
     )
     assert test.returncode == 0, test.stdout + test.stderr
     assert "Mean return over 2 episodes" in test.stdout

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from torchbeast_hydra import layout
 from torchbeast_hydra.envs import EnvSpec
 from torchbeast_hydra.poly import wire
 from torchbeast_hydra.poly.batcher import DynamicBatcher
@@ -68,17 +69,10 @@ def hello(num_envs=2):
 
 
 def step(num_envs=2, frame=0.0):
-    return wire.encode_step(
-        dict(
-            frame=np.full((num_envs, *SPEC.obs_shape), frame, np.float32),
-            reward=np.zeros(num_envs, np.float32),
-            done=np.zeros(num_envs, bool),
-            episode_return=np.zeros(num_envs, np.float32),
-            episode_step=np.zeros(num_envs, np.int32),
-            last_action=np.zeros(num_envs, np.int64),
-            episode_end=np.zeros(num_envs, bool),
-        )
-    )
+    outputs = layout.env_outputs(SPEC, num_envs)
+    outputs["frame"][:] = frame
+    outputs["done"][:] = False
+    return wire.encode_step(outputs)
 
 
 class RawClient:
