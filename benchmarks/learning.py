@@ -136,7 +136,8 @@ def plot(curves: dict, target: float, path: Path, title: str) -> None:
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"mean return, last {WINDOW} games")
         ax.grid(alpha=0.3)
-    by_steps.legend(loc="lower right")
+    # One legend under both panels: inside either it would hide the curves.
+    fig.legend(*by_steps.get_legend_handles_labels(), loc="outside lower center", ncols=min(4, len(curves) + 1))
     fig.suptitle(title)
     fig.savefig(path)
 
