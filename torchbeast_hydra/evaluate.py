@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import csv
 import logging
-import os
 import statistics
 import time
 from pathlib import Path
@@ -16,6 +14,7 @@ from omegaconf import OmegaConf
 from . import checkpoint
 from .config import ConfigError, EnvConfig
 from .envs import Environments, is_atari
+from .metrics import CsvLog
 from .models import make_model, saved_model_config
 from .wandb_log import WandbLog
 
@@ -142,16 +141,8 @@ def _record_video(env: gym.Env, folder: Path) -> gym.Env:
 
 
 def _append_row(path: Path, row: dict) -> None:
-    """Appends row to the csv; a file written with other columns is rewritten with all of them."""
-    rows, fields = [], list(row)
-    if path.exists():
-        with open(path, newline="") as f:
-            reader = csv.DictReader(f)
-            rows = list(reader)
-            fields = list(dict.fromkeys([*(reader.fieldnames or []), *row]))
-    tmp = path.with_name(path.name + ".tmp")  # then renamed: a crash leaves the old file whole
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fields, restval="")
-        writer.writeheader()
-        writer.writerows([*rows, row])
-    os.replace(tmp, path)
+    """Appends row to the csv; a file written with other columns is rewritten with all of them
+    (metrics.CsvLog, as logs.csv: the old rows keep their values)."""
+    log = CsvLog(path, resume_step=None, fields=list(row))
+    log.write(row)
+    log.close()
