@@ -43,6 +43,10 @@ class ClientRefused(RuntimeError):
     pass
 
 
+class LearnerFull(ConnectionError):
+    """The learner has backend.max_clients already: worth retrying, as a lost connection is."""
+
+
 def channel_options(max_message_bytes: int) -> list:
     return [
         ("grpc.max_send_message_length", max_message_bytes),
@@ -99,7 +103,7 @@ class EnvClient:
                     log.error("The learner at %s refused this client: %s", self.address, refused)
                     return REFUSED
                 except ConnectionError as lost:
-                    if "RESOURCE_EXHAUSTED" in str(lost) and not full_warned:
+                    if isinstance(lost, LearnerFull) and not full_warned:
                         log.warning("The learner at %s is full (%s); retrying.", self.address, lost)
                         full_warned = True
                     if self.outputs is not None:  # we were connected: wait afresh for the learner
@@ -148,7 +152,8 @@ class EnvClient:
             except grpc.RpcError as error:
                 if error.code() in PERMANENT:
                     raise ClientRefused(f"{error.code().name}: {error.details()}") from None
-                raise ConnectionError(f"{error.code().name}: {error.details()}") from None
+                lost = LearnerFull if error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED else ConnectionError
+                raise lost(f"{error.code().name}: {error.details()}") from None
             finally:
                 outgoing.put(None)  # ends the request stream
                 responses.cancel()
