@@ -126,7 +126,7 @@ class AtariVectorEnvironments:
 
     def initial(self) -> dict:
         obs, info = self.env.reset(seed=self.seed)
-        self.out["frame"][...] = obs
+        self.out["frame"] = obs  # no copy: a client encodes each step before it takes the next
         self._lives[...] = info["lives"]
         self.out["done"][:] = True
         return self.out
@@ -149,7 +149,7 @@ class AtariVectorEnvironments:
         out["episode_step"][...] = self._steps
         self._return[game_over] = 0.0
         self._steps[game_over] = 0
-        out["frame"][...] = obs  # SameStep autoreset: an ended game's first frame of the next
+        out["frame"] = obs  # SameStep autoreset: an ended game's first frame of the next
         return out
 
     def close(self) -> None:
