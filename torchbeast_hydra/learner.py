@@ -210,8 +210,9 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         losses["total_loss"].backward()
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_norm_clipping)
-        stats = {key: value.item() for key, value in losses.items()}
-        stats["grad_norm"] = grad_norm.item()
+        # One device-to-host copy for all the figures: on a GPU each .item() would wait on its own.
+        names = [*losses, "grad_norm"]
+        stats = dict(zip(names, torch.stack([*losses.values(), grad_norm]).detach().tolist()))
         if math.isfinite(stats["total_loss"]) and math.isfinite(stats["grad_norm"]):
             self.optimizer.step()
         elif OnNonFinite(self.cfg.optim.on_nonfinite) is OnNonFinite.stop:
