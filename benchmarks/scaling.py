@@ -214,7 +214,7 @@ class NullLearner:
         from torchbeast_hydra.poly import wire
         from torchbeast_hydra.poly.batcher import DynamicBatcher
         from torchbeast_hydra.poly.rollouts import RolloutQueue
-        from torchbeast_hydra.poly.server import ActorPool, make_server
+        from torchbeast_hydra.poly.server import ActorPool, ServerSettings, make_server
 
         self.args = args
         self.token = secrets.token_urlsafe(16)
@@ -227,19 +227,23 @@ class NullLearner:
             setup=lambda: torch.set_num_threads(1),
             name="inference",
         )
+        settings = ServerSettings(
+            env_id="FixedFrames",
+            unroll_length=args.unroll_length,
+            chunk_size=args.batch_size,
+            cut_at_reset=True,
+            seed=0,
+            max_envs_per_client=max(args.envs),
+            max_clients=max(args.clients),
+            client_idle_timeout_s=60.0,
+        )
         self.pool = ActorPool(
             maker.spec,
-            "FixedFrames",
-            self.inference,
-            lambda n: (),
-            self._enqueue,
-            self.token,
-            args.unroll_length,
-            True,
-            max(args.envs),
-            seed=0,
-            max_clients=max(args.clients),
-            chunk_size=args.batch_size,
+            settings,
+            token=self.token,
+            inference=self.inference,
+            initial_state=lambda n: (),
+            emit=self._enqueue,
         )
         self.max_bytes = wire.max_message_bytes(maker.spec.obs_shape, maker.spec.obs_dtype, max(args.envs))
         self.server, port = make_server(self.pool, "127.0.0.1:0", self.max_bytes)

@@ -15,7 +15,7 @@ from torchbeast_hydra import layout
 from torchbeast_hydra.envs import EnvSpec
 from torchbeast_hydra.poly import wire
 from torchbeast_hydra.poly.batcher import DynamicBatcher
-from torchbeast_hydra.poly.server import ActorPool, make_server
+from torchbeast_hydra.poly.server import ActorPool, ServerSettings, make_server
 
 TOKEN = "server-token"
 SPEC = EnvSpec((3,), np.dtype(np.float32), 2)
@@ -35,20 +35,23 @@ def served():
     """(pool, port, emitted rollouts) for a pool with max_clients=2 and a 0.5 s idle limit."""
     inference = DynamicBatcher(trivial_policy, max_batch_size=64, timeout_s=0.001)
     emitted = []
-    pool = ActorPool(
-        SPEC,
-        "Test-v0",
-        inference,
-        lambda n: (),
-        lambda rollout, state: emitted.append(rollout),
-        TOKEN,
+    settings = ServerSettings(
+        env_id="Test-v0",
         unroll_length=5,
+        chunk_size=2,
         cut_at_reset=True,
-        max_envs_per_client=4,
         seed=1,
+        max_envs_per_client=4,
         max_clients=2,
         client_idle_timeout_s=0.5,
-        chunk_size=2,
+    )
+    pool = ActorPool(
+        SPEC,
+        settings,
+        token=TOKEN,
+        inference=inference,
+        initial_state=lambda n: (),
+        emit=lambda rollout, state: emitted.append(rollout),
     )
     server, port = make_server(pool, "127.0.0.1:0", 1 << 20)
     server.start()

@@ -37,7 +37,7 @@ def test_seed_decides_the_initial_weights(tmp_path):
     import torch
 
     from torchbeast_hydra.envs import probe_env
-    from torchbeast_hydra.training import TrainingRun
+    from torchbeast_hydra.training_run import TrainingRun
 
     from conftest import compose_config
 

@@ -8,13 +8,14 @@ Reading order, following the data:
    mono.py      the actors of MonoBeast: processes that act and fill shared-memory rollouts
    poly/        the actors of PolyBeast: env clients, the ActorPool server, central inference
    vector_envs.py  ale-py's native vector env, the same contract as envs.py, for poly clients
-3. training.py  the run both backends share: training loop, learner threads, actor supervision,
-                seeding, resume, checkpoints, stats
+3. training.py  the training loop both backends share: learner threads, progress, clean stop
+   training_run.py  the run's state: learner updates, resume (resume.py), checkpoints, stats
    learner.py   the learning math: named loss terms, one optimisation step
 4. vtrace.py    V-trace targets (the IMPALA paper's reference API)
 
 Around them: config.py (typed configs), __main__.py (the command), memory.py (the memory a config
-needs, checked before anything starts), checkpoint.py, metrics.py and wandb_log.py (where stats
+needs, checked before anything starts), supervision.py (actor processes, replaced when they die),
+signals.py (stopping cleanly), seeding.py and devices.py, checkpoint.py, metrics.py and wandb_log.py (where stats
 go), evaluate.py (mode=test), launch.py (sweeps and SLURM), analysis/ (runs into pandas, plots,
 the plot command).
 """

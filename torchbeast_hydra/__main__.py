@@ -23,7 +23,7 @@ from .checkpoint import CheckpointError
 from .config import ConfigError, Mode, PolyRole, register_configs, validate
 from .launch import LaunchError, check_launcher_plugin, hand_over, register_resolvers
 from .learner import NonFiniteUpdate
-from .training import RunDirError
+from .training_run import RunDirError
 
 log = logging.getLogger("torchbeast_hydra")
 
@@ -119,7 +119,7 @@ def run(cfg: DictConfig) -> float:
     spec = probe_env(cfg.env)  # an unknown env id fails here, before any process starts
     model = make_model(cfg.model, spec)  # and so does a model that does not fit the env
     if not (cfg.backend.name == "poly" and PolyRole(cfg.backend.role) is PolyRole.env):
-        from .training import resolve_device
+        from .devices import resolve_device
 
         needed = memory.check(cfg, spec, model, resolve_device(cfg.device))  # before any process starts
         log.info("Memory estimate: %s", memory.summary(needed))
@@ -132,7 +132,7 @@ def run(cfg: DictConfig) -> float:
             sys.exit(backend.run_env_clients(cfg))
     else:
         from . import mono as backend
-    from .training import TrainingRun
+    from .training_run import TrainingRun
 
     training_run = TrainingRun(cfg, run_dir, spec)
     try:

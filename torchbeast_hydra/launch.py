@@ -7,7 +7,7 @@ SIGUSR2 (sent by SLURM `signal_delay_s` before the time limit, and on preemption
 launcher's `checkpoint()`, which re-submits the same Hydra job (same overrides, hence the same job
 dir), runs `scontrol requeue` and exits without a result; SIGTERM is ignored ("bypassed").
 
-A training run replaces those handlers while it trains (training.StopOnSignals): any of
+A training run replaces those handlers while it trains (signals.StopOnSignals): any of
 SIGINT/SIGTERM/SIGUSR2 stops the run, which stops its actors and writes its checkpoint. Only then,
 in `hand_over`, does the signal go to the handler it displaced:
 - SIGUSR2 -> submitit's handler: requeue and exit. The requeued job starts in the same job dir,
@@ -234,7 +234,7 @@ def _under_submitit(handler) -> bool:
 def hand_over(stopped_by) -> None:
     """After a run stopped by a signal has written its checkpoint: let the signal's owner act on it.
 
-    See the module docstring. stopped_by: the run's training.StopOnSignals (or None).
+    See the module docstring. stopped_by: the run's signals.StopOnSignals (or None).
     """
     if stopped_by is None or stopped_by.received is None or not _under_submitit(stopped_by.previous):
         return

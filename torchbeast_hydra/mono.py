@@ -27,7 +27,10 @@ from .config import num_buffers
 from .envs import Environments, EnvSpec
 from .layout import AGENT_KEYS, ENV_KEYS, rollout_specs
 from .models import make_model
-from .training import ActorProcesses, Backend, TrainingRun, actor_seed
+from .seeding import actor_seed
+from .supervision import ActorProcesses
+from .training import Backend
+from .training_run import TrainingRun
 
 
 def create_buffers(spec: EnvSpec, unroll_length: int, count: int) -> dict:
@@ -172,7 +175,7 @@ def _act(envs, unroll_length, model, buffers, state_buffers, conn) -> None:
 
 def gather(buffers: torch.Tensor, idx: torch.Tensor, pin: bool) -> torch.Tensor:
     """buffers[:, idx] in one copy; into pinned memory when bound for a GPU, so that the copy to
-    the device needs no second staging copy and runs asynchronously (see training.to_device)."""
+    the device needs no second staging copy and runs asynchronously (see devices.to_device)."""
     out = torch.empty((buffers.shape[0], len(idx), *buffers.shape[2:]), dtype=buffers.dtype, pin_memory=pin)
     return torch.index_select(buffers, 1, idx, out=out)
 

@@ -24,13 +24,16 @@ from omegaconf import OmegaConf
 from ..config import ConfigError, PolyRole, split_address, usable_cores
 from ..envs import probe_env
 from ..models import make_model
-from ..training import ActorProcesses, Backend, StopOnSignals, TrainingRun
+from ..signals import StopOnSignals
+from ..supervision import ActorProcesses
+from ..training import Backend
+from ..training_run import TrainingRun
 from ..vector_envs import envs_maker
 from . import wire
 from .batcher import DynamicBatcher
 from .client import FINISHED, REFUSED, UNREACHABLE, client_main
 from .rollouts import RolloutQueue
-from .server import ActorPool, make_server
+from .server import ActorPool, ServerSettings, make_server
 
 log = logging.getLogger(__name__)
 
@@ -104,18 +107,11 @@ class PolyBeast(Backend):
         )
         self.pool = ActorPool(
             run.spec,
-            cfg.env.id,
-            self.inference,
-            self._initial_state,
-            self._enqueue,
-            self.token,
-            cfg.unroll_length,
-            backend.cut_at_reset,
-            backend.max_envs_per_client,
-            cfg.seed,
-            max_clients=backend.max_clients,
-            client_idle_timeout_s=backend.client_idle_timeout_s,
-            chunk_size=cfg.batch_size,
+            ServerSettings.from_config(cfg),
+            token=self.token,
+            inference=self.inference,
+            initial_state=self._initial_state,
+            emit=self._enqueue,
         )
         self.max_message_bytes = wire.max_message_bytes(
             run.spec.obs_shape, run.spec.obs_dtype, backend.max_envs_per_client

@@ -47,16 +47,6 @@ class LearnerFull(ConnectionError):
     """The learner has backend.max_clients already: worth retrying, as a lost connection is."""
 
 
-def channel_options(max_message_bytes: int) -> list:
-    return [
-        ("grpc.max_send_message_length", max_message_bytes),
-        ("grpc.max_receive_message_length", max_message_bytes),
-        # Notice a vanished peer (a machine that went away without closing the connection).
-        ("grpc.keepalive_time_ms", 30_000),
-        ("grpc.keepalive_timeout_ms", 10_000),
-    ]
-
-
 class EnvsMaker(Protocol):
     """Makes a client's envs: an object with initial() and step(actions) returning the outputs
     [num_envs, ...] (envs.Environments' contract), and close()."""
@@ -136,7 +126,7 @@ class EnvClient:
     def _session(self) -> None:
         """One connection: hello, then a step per answer until the learner finishes."""
         address = self._resolve_address()
-        with grpc.insecure_channel(address, options=channel_options(self.max_message_bytes)) as channel:
+        with grpc.insecure_channel(address, options=wire.channel_options(self.max_message_bytes)) as channel:
             try:
                 grpc.channel_ready_future(channel).result(timeout=2.0)
             except grpc.FutureTimeoutError:

@@ -19,6 +19,7 @@ import threading
 import time
 import warnings
 from concurrent import futures
+from dataclasses import dataclass
 
 import grpc
 import numpy as np
@@ -26,10 +27,9 @@ import torch
 
 from ..envs import EnvSpec
 from ..layout import rollout_specs
-from ..training import actor_seed
+from ..seeding import actor_seed
 from . import wire
 from .batcher import BatcherClosed, DynamicBatcher
-from .client import channel_options
 from .rollouts import Emit, RolloutBuilder
 
 log = logging.getLogger(__name__)
@@ -52,39 +52,54 @@ class Refused(Exception):
         self.code, self.details = code, details
 
 
+@dataclass(frozen=True)
+class ServerSettings:
+    """Everything the ActorPool is configured with (but the token); from_config is where it comes from."""
+
+    env_id: str  # named when a client with another env is refused
+    unroll_length: int  # T: steps per unroll
+    chunk_size: int  # rollouts handed on together at most (the learner's batch size)
+    cut_at_reset: bool  # an env reset ends its unroll early (a partial, masked rollout)
+    seed: int  # the run's seed: each connection's env seeds derive from it (seeding.actor_seed)
+    max_envs_per_client: int
+    max_clients: int  # concurrent streams; more are refused with a message naming the setting
+    client_idle_timeout_s: float  # a stream the server waits on longer is dropped
+
+    @classmethod
+    def from_config(cls, cfg) -> ServerSettings:
+        backend = cfg.backend
+        return cls(
+            env_id=cfg.env.id,
+            unroll_length=cfg.unroll_length,
+            chunk_size=cfg.batch_size,
+            cut_at_reset=backend.cut_at_reset,
+            seed=cfg.seed,
+            max_envs_per_client=backend.max_envs_per_client,
+            max_clients=backend.max_clients,
+            client_idle_timeout_s=backend.client_idle_timeout_s,
+        )
+
+
 class ActorPool:
     """The service behind ActorPool/Connect; one instance serves every client."""
 
     def __init__(
         self,
         spec: EnvSpec,
-        env_id: str,
+        settings: ServerSettings,
+        *,
+        token: str,
         inference: DynamicBatcher,
         initial_state,
         emit: Emit,
-        token: str,
-        unroll_length: int,
-        cut_at_reset: bool,
-        max_envs_per_client: int,
-        seed: int,
-        max_clients: int = 64,
-        client_idle_timeout_s: float = 60.0,
-        chunk_size: int = 1,
     ):
-        """chunk_size: rollouts handed on together at most (the learner's batch size)."""
+        """initial_state: num_envs -> tuple of [num_envs, ...] tensors; emit: takes finished rollouts."""
         self.spec = spec
-        self.env_id = env_id
-        self.inference = inference
-        self.initial_state = initial_state  # num_envs -> tuple of [num_envs, ...] tensors
-        self.emit = emit
+        self.settings = settings
         self.token = token.encode()
-        self.unroll_length = unroll_length
-        self.cut_at_reset = cut_at_reset
-        self.max_envs_per_client = max_envs_per_client
-        self.seed = seed
-        self.max_clients = max_clients
-        self.chunk_size = chunk_size
-        self.client_idle_timeout_s = client_idle_timeout_s
+        self.inference = inference
+        self.initial_state = initial_state
+        self.emit = emit
         self.stopping = threading.Event()
         self.finished = False  # on stopping: clients exit (True) or reconnect to a restarted learner
         self._ids = itertools.count()
@@ -118,7 +133,7 @@ class ActorPool:
             with self._lock:
                 self.connected += 1
             log.info("Client %d connected from %s with %d envs.", client_id, peer, hello.num_envs)
-            seed = actor_seed(self.seed, client_id, self.max_envs_per_client)
+            seed = actor_seed(self.settings.seed, client_id, self.settings.max_envs_per_client)
             yield wire.ServerMessage(welcome=wire.Welcome(client_id=client_id, seed=seed))
             while (raw := stream.receive(requests)) is not None:
                 if self.stopping.is_set():
@@ -154,7 +169,7 @@ class ActorPool:
                 log.warning(
                     "Dropped client %s: no message for %g s (backend.client_idle_timeout_s).",
                     peer,
-                    self.client_idle_timeout_s,
+                    self.settings.client_idle_timeout_s,
                 )
             if session is not None:
                 partial = session.close()
@@ -181,15 +196,15 @@ class ActorPool:
 
     def _open(self, stream: "Stream") -> None:
         with self._lock:
-            full = len(self._streams) >= self.max_clients
+            full = len(self._streams) >= self.settings.max_clients
             if not full:
                 self._streams.add(stream)
         if full:
             raise Refused(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"the learner already serves backend.max_clients={self.max_clients} client streams: "
+                f"the learner already serves backend.max_clients={self.settings.max_clients} client streams: "
                 "raise backend.max_clients on the learner (silent clients are dropped after "
-                f"backend.client_idle_timeout_s={self.client_idle_timeout_s:g} s)",
+                f"backend.client_idle_timeout_s={self.settings.client_idle_timeout_s:g} s)",
             )
 
     def _close(self, stream: "Stream") -> None:
@@ -198,11 +213,11 @@ class ActorPool:
 
     def _drop_idle_streams(self) -> None:
         """Cancels streams that have kept the server waiting too long; their handlers then end."""
-        interval = min(1.0, self.client_idle_timeout_s / 4)
+        interval = min(1.0, self.settings.client_idle_timeout_s / 4)
         while not self.stopping.wait(interval):
             now = time.monotonic()
             with self._lock:
-                idle = [s for s in self._streams if now - s.waiting_since > self.client_idle_timeout_s]
+                idle = [s for s in self._streams if now - s.waiting_since > self.settings.client_idle_timeout_s]
             for stream in idle:
                 with self._lock:
                     self.dropped += 1
@@ -237,13 +252,14 @@ class ActorPool:
             raise Refused(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"the client's env {hello.env_id} (observations {theirs[1]} {list(theirs[0])}, "
-                f"{theirs[2]} actions) does not match the learner's {self.env_id} "
+                f"{theirs[2]} actions) does not match the learner's {self.settings.env_id} "
                 f"({ours[1]} {list(ours[0])}, {ours[2]} actions): start clients with the same env config",
             )
-        if not 1 <= hello.num_envs <= self.max_envs_per_client:
+        if not 1 <= hello.num_envs <= self.settings.max_envs_per_client:
             raise Refused(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"num_envs={hello.num_envs} must be in [1, {self.max_envs_per_client}] (backend.max_envs_per_client)",
+                f"num_envs={hello.num_envs} must be in [1, {self.settings.max_envs_per_client}] "
+                "(backend.max_envs_per_client)",
             )
         return hello
 
@@ -281,14 +297,14 @@ class Stream:
 def make_server(pool: ActorPool, address: str, max_message_bytes: int) -> tuple[grpc.Server, int]:
     """A gRPC server for the pool on address (HOST:PORT, port 0 for any); returns it unstarted, and its port.
 
-    gRPC itself turns away streams beyond pool.max_clients + REFUSAL_HEADROOM with a terse
+    gRPC itself turns away streams beyond pool.settings.max_clients + REFUSAL_HEADROOM with a terse
     RESOURCE_EXHAUSTED; up to there the pool refuses them with a message that names the setting.
     """
-    limit = pool.max_clients + REFUSAL_HEADROOM
+    limit = pool.settings.max_clients + REFUSAL_HEADROOM
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=limit + 2, thread_name_prefix="actorpool"),
         handlers=[pool.handler()],
-        options=channel_options(max_message_bytes),
+        options=wire.channel_options(max_message_bytes),
         maximum_concurrent_rpcs=limit,
     )
     port = server.add_insecure_port(address)
@@ -305,11 +321,11 @@ class Session:
         self.builder = RolloutBuilder(
             rollout_specs(pool.spec),
             num_envs,
-            pool.unroll_length,
+            pool.settings.unroll_length,
             self.core_state,
-            pool.cut_at_reset,
+            pool.settings.cut_at_reset,
             pool.emit,
-            pool.chunk_size,
+            pool.settings.chunk_size,
         )
 
     def step(self, env_outputs: dict) -> np.ndarray:

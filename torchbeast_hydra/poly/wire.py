@@ -115,6 +115,17 @@ def max_message_bytes(obs_shape: tuple, obs_dtype, max_envs: int) -> int:
     return max_envs * per_env + 64 * 1024
 
 
+def channel_options(max_message_bytes: int) -> list:
+    """gRPC options both ends of a stream use (server and client)."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        # Notice a vanished peer (a machine that went away without closing the connection).
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+    ]
+
+
 def encode_array(array: np.ndarray, message=None):
     message = Array() if message is None else message
     message.data = np.ascontiguousarray(array).tobytes()

@@ -1,0 +1,21 @@
+"""Seeds: the learner process's, and each acting process's env seeds."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+
+def seed_everything(seed: int) -> None:
+    """The learner process's seed: model initialisation, sampling in central inference, numpy."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def actor_seed(run_seed: int, actor: int, envs_per_actor: int) -> int:
+    """The first env seed of the `actor`-th actor a run starts (restarts and reconnects count on),
+    so that every env of every actor, replacement or client gets its own seed."""
+    return run_seed * 1_000_003 + actor * envs_per_actor

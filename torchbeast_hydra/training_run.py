@@ -1,0 +1,136 @@
+"""The run's state: the learner plus the run dir (resume, checkpoints, stats), one for every backend.
+
+`TrainingRun` resumes from the run dir's checkpoint on start (resume.py says when it may),
+updates the learner thread-safely, logs each update's row and checkpoints on a timer and at exit,
+so mono and poly resume, log and checkpoint identically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from pathlib import Path
+
+from . import checkpoint
+from .config import to_plain_dict
+from .devices import resolve_device
+from .envs import EnvSpec
+from .learner import Learner
+from .metrics import CsvLog, Stats
+from .models import make_model
+from .resume import check_resumable, env_signature
+from .seeding import seed_everything
+from .signals import StopOnSignals
+from .wandb_log import WandbLog, hydra_labels
+
+log = logging.getLogger(__name__)
+
+
+class RunDirError(RuntimeError):
+    """The run dir cannot be written (disk full, permissions); the message says what to do."""
+
+
+@contextlib.contextmanager
+def writing(what: Path):
+    """Turns an OSError while writing `what` into a RunDirError that says how to recover."""
+    try:
+        yield
+    except OSError as error:
+        raise RunDirError(
+            f"cannot write {what}: {error.strerror or error}. Free disk space or fix the permissions, "
+            "then start again in this run dir: it resumes from the last complete checkpoint."
+        ) from None
+
+
+class TrainingRun:
+    """The learner plus the run dir's state: resumes on start, checkpoints on a timer and at exit."""
+
+    def __init__(self, cfg, run_dir: str | Path, spec: EnvSpec):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.spec = spec
+        self.device = resolve_device(cfg.device)
+        seed_everything(cfg.seed)  # before the model is built: its initial weights follow the seed
+        self.learner = Learner(cfg, make_model(cfg.model, spec), self.device)
+        self.lock = threading.Lock()  # guards the learner and stats between updates and saves
+        self.stop_requested = threading.Event()
+        self.stopped_by: StopOnSignals | None = None  # set by the backend; see launch.hand_over
+
+        self.checkpoint_path = checkpoint.path_in(self.run_dir)
+        start_step, episodes, elapsed_s = 0, 0, 0.0
+        if self.checkpoint_path.exists():
+            # On the CPU: the RNG states must stay there; load_state_dict moves the rest to the device.
+            state = checkpoint.load(self.checkpoint_path, map_location="cpu")
+            check_resumable(self.checkpoint_path, state, cfg, spec, self.learner.model.state_dict())
+            self.learner.load_state_dict(state["learner"])
+            checkpoint.set_rng_state(state["rng"])
+            start_step, episodes = state["step"], state["stats"]["episodes"]
+            elapsed_s = state["stats"].get("time_s", 0.0)  # absent in older checkpoints
+            log.info("Resuming from %s at step %d.", self.checkpoint_path, start_step)
+        self.resumed = start_step > 0
+        sinks = []
+        self.csv_path = self.run_dir / "logs.csv"
+        if cfg.logger.csv:
+            with writing(self.csv_path):
+                sinks.append(CsvLog(self.csv_path, resume_step=start_step))
+        group, name, tags = hydra_labels()
+        wandb_log = WandbLog(
+            cfg.logger.wandb,
+            self.run_dir,
+            group=group,
+            name=name,
+            tags=tags,
+            config=to_plain_dict(cfg),
+            resume_step=start_step,
+        )
+        if wandb_log.active:
+            sinks.append(wandb_log)
+        self.stats = Stats(start_step, cfg.total_steps, sinks, start_time_s=elapsed_s)
+        self.stats.episodes = episodes
+        self._last_save = time.monotonic()
+
+    @property
+    def done(self) -> bool:
+        return self.stats.step >= self.cfg.total_steps or self.stop_requested.is_set()
+
+    def update(self, batch: dict, initial_core_state: tuple, queues: dict) -> dict | None:
+        """One learner update on a batch [T+1, B, ...]; logs its row. Thread-safe.
+
+        A batch that arrives once total_steps is reached (another learner thread got there
+        first) is dropped, so every run ends at the same step count.
+        """
+        steps = int(batch["mask"][1:].sum())  # real steps: partial rollouts are padded
+        ends = batch["episode_end"][1:] & batch["mask"][1:]
+        episode_returns = batch["episode_return"][1:][ends].tolist()
+        with self.lock:
+            if self.stats.step >= self.cfg.total_steps:
+                return None
+            started = time.perf_counter()
+            update_stats = self.learner.update(batch, initial_core_state)
+            update_stats["update_ms"] = round(1000 * (time.perf_counter() - started), 2)
+            with writing(self.csv_path):
+                return self.stats.record(steps, episode_returns, update_stats, queues)
+
+    def maybe_checkpoint(self) -> None:
+        if time.monotonic() - self._last_save >= self.cfg.checkpoint_interval_s:
+            self.save_checkpoint()
+
+    def save_checkpoint(self) -> None:
+        with self.lock:
+            state = dict(
+                learner=self.learner.state_dict(),
+                step=self.stats.step,
+                stats=dict(episodes=self.stats.episodes, time_s=self.stats.elapsed_s),
+                rng=checkpoint.rng_state(),
+                config=to_plain_dict(self.cfg),
+                env=env_signature(self.cfg.env.id, self.spec),  # what a resume must match (with the shapes)
+            )
+            with writing(self.checkpoint_path):
+                checkpoint.save(self.checkpoint_path, state)
+        self._last_save = time.monotonic()
+        log.info("Saved checkpoint at step %d to %s.", self.stats.step, self.checkpoint_path)
+
+    def close(self) -> None:
+        self.stats.close()
