@@ -533,3 +533,27 @@ def test_rmsprop_initial_state_survives_a_checkpoint_round_trip():
     param.grad = torch.ones(2)
     restored.step()  # the momentum buffer made up front is used as is
     assert torch.isfinite(param).all()
+
+
+def test_resume_with_changed_hyperparameters_uses_them_and_rederives_the_schedule():
+    """A checkpoint's optimiser state carries over; the config's learning rate, epsilon and
+    total_steps apply, the LR schedule re-derived from them (resume.py lists the changes)."""
+    cfg = learner_cfg(batch_size=2, unroll_length=3, total_steps=24)
+    learner = make_learner(cfg)
+    for k in range(2):  # 12 of 24 steps
+        learner.update(learner_batch(cfg, seed=k), ())
+    state = copy.deepcopy(learner.state_dict())
+
+    changed = learner_cfg(batch_size=2, unroll_length=3, total_steps=48)
+    changed.optim.learning_rate, changed.optim.epsilon = 0.001, 0.5
+    resumed = make_learner(changed)
+    resumed.load_state_dict(state)
+    group = resumed.optimizer.param_groups[0]
+    assert group["lr"] == pytest.approx(0.001 * (1 - 12 / 48)) and group["eps"] == 0.5
+    assert_same_state(resumed.optimizer.state_dict()["state"], state["optimizer"]["state"])
+    stats = resumed.update(learner_batch(changed, seed=5), ())
+    assert stats["learning_rate"] == pytest.approx(0.001 * (1 - 18 / 48))
+
+    same = make_learner(cfg)  # and an unchanged config resumes exactly where it was
+    same.load_state_dict(state)
+    assert same.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * (1 - 12 / 24))

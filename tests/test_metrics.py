@@ -69,3 +69,41 @@ def test_stats_rows_keep_every_numeric_statistic_of_any_backend(tmp_path):
     stats.close()
     (row,) = read_rows(tmp_path / "logs.csv")
     assert row["my_statistic"] == "7.0" and row["connected_clients"] == "3"
+
+
+class Clock:
+    """A stand-in for time.monotonic that tests move by hand."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_steps_per_second_start_at_the_first_update_and_follow_a_recent_window(monkeypatch):
+    from torchbeast_hydra import metrics
+
+    clock = Clock()
+    monkeypatch.setattr(metrics.time, "monotonic", clock)
+    stats = Stats(start_step=0, total_steps=10**6)
+    assert "waiting for the first rollouts" in stats.progress_line()
+    clock.now += 60.0  # start-up: actors spawning, first rollouts; none of it is throughput
+    row = stats.record(100, [], {}, {})
+    assert row["sps"] == "" and stats.sps is None and "measuring" in stats.progress_line()
+    for _ in range(10):  # 100 steps a second from then on
+        clock.now += 1.0
+        row = stats.record(100, [], {}, {})
+    assert row["sps"] == 100.0, "no ramp from the start-up minute"
+    for _ in range(60):  # then twice as fast: the figure follows within the window
+        clock.now += 1.0
+        row = stats.record(200, [], {}, {})
+    assert row["sps"] == 200.0
+    assert "@ 200 SPS" in stats.progress_line()
+    assert row["time_s"] == 130.0, "time_s stays the wall-clock time since the start"
+
+
+def test_progress_never_passes_100_percent():
+    stats = Stats(start_step=0, total_steps=1000)
+    stats.record(1010, [], {}, {})  # the last batch ends past total_steps
+    assert "step 1,010/1,000 (100.0%)" in stats.progress_line()

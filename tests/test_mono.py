@@ -39,6 +39,15 @@ def test_tiny_run_writes_logs_checkpoint_and_provenance(tiny_run):
     assert state["config"]["env"]["id"] == "CartPole-v1"
     info = yaml.safe_load((tiny_run / "run_info.yaml").read_text())
     assert "git_commit" in info and "torch" in info
+    # The start-up summary: in the log as one block, and in run_info.yaml.
+    startup = info["startup"]
+    assert startup["device"].startswith("cpu (") and startup["batch"] == "4 unrolls x 16 steps"
+    assert startup["acting"].startswith("2 actor processes x 2 envs = 4 envs")
+    assert startup["model"].startswith("MLPBody, ") and startup["model"].endswith(" parameters")
+    assert startup["run dir"] == str(tiny_run.resolve()) and startup["wandb"] == "disabled"
+    log = (tiny_run / "torchbeast.log").read_text()
+    assert "Starting:\n  device   cpu (" in log
+    assert "Finished: 2,560 agent steps (total_steps=2,560)" in log
     assert not any("PATH" in str(v) for v in info.values())  # never the process environment
     assert (tiny_run / ".hydra" / "config.yaml").exists()
     assert (tiny_run / "torchbeast.log").read_text().count("Saved checkpoint") >= 1
@@ -145,6 +154,10 @@ def test_sigterm_stops_cleanly_with_a_checkpoint_and_no_orphans(tmp_path):
     assert process.returncode == 0, output
     state = checkpoint.load(checkpoint.path_in(run_dir))
     assert state["step"] == steps(run_dir)[-1]
+    last = output.strip().splitlines()[-1]
+    assert "Stopped by SIGTERM at step" in last and "ETA" not in last
+    assert "Resume with: python -m torchbeast_hydra experiment=cartpole " in last
+    assert last.endswith(f" hydra.run.dir={run_dir}")
     for pid in actors:
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
 
@@ -196,10 +209,25 @@ def test_resume_survives_config_fields_added_since(tiny_run):
         del state["config"][group][key]
     del state["env"]  # older checkpoints did not record the env's spaces either
     checkpoint.save(path, state)
-    result = run_cli(tiny_run, *TINY, "total_steps=3200", "env.sticky_action_prob=0.5")
-    assert "Resuming from" in (tiny_run / "torchbeast.log").read_text()
+    run_cli(tiny_run, *TINY, "total_steps=3200", "vtrace.entropy_cost=0.02")
+    log = (tiny_run / "torchbeast.log").read_text()
+    assert "Resuming from" in log
     assert steps(tiny_run)[-1] == 3200
-    assert "env.sticky_action_prob=0.5" in result.stdout + result.stderr  # said, not refused
+    # Each changed setting is said, one line per key, and applied; fields added since are not changes.
+    assert "Resuming with 2 changed setting(s)" in log
+    assert "  total_steps: 2560 -> 3200" in log and "  vtrace.entropy_cost: 0.01 -> 0.02" in log
+    assert "lstm_layers" not in log and "extra_losses" not in log
+    info = yaml.safe_load((tiny_run / "run_info.yaml").read_text())
+    assert info["startup"]["resumed"] == "at step 2,560, 2 settings changed"
+    saved = yaml.safe_load((tiny_run / ".hydra" / "config.yaml").read_text())
+    assert saved["vtrace"]["entropy_cost"] == 0.02, "the run dir's config says what the run now uses"
+    assert checkpoint.load(path)["config"]["vtrace"]["entropy_cost"] == 0.02
+
+
+def test_resume_with_another_optimiser_is_refused(tiny_run):
+    result = run_cli(tiny_run, *TINY, "optim=rmsprop", check=False)
+    assert result.returncode == 2
+    assert "optim.name" in result.stdout + result.stderr and "cannot carry over" in result.stdout + result.stderr
 
 
 def test_resume_in_another_env_with_the_same_spaces_is_refused(tiny_run):

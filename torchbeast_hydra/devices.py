@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import ConfigError
+from .config import ConfigError, usable_cores
 
 
 def resolve_device(name: str) -> torch.device:
@@ -22,3 +22,11 @@ def to_device(batch: dict, core_state: tuple, device: torch.device) -> tuple[dic
         return batch, core_state
     batch = {key: value.pin_memory().to(device, non_blocking=True) for key, value in batch.items()}
     return batch, tuple(s.to(device, non_blocking=True) for s in core_state)
+
+
+def device_name(device: torch.device) -> str:
+    """'cuda:0 (NVIDIA H100 80GB HBM3)' or 'cpu (2 cores)': which device, in words, for the log."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return f"cpu ({usable_cores()} cores)"

@@ -241,3 +241,16 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.steps = state["steps"]
+        self._apply_config_hyperparameters()
+
+    def _apply_config_hyperparameters(self) -> None:
+        """The config's optimiser settings over the checkpoint's, and the LR schedule re-derived from
+        them: a run resumed with a new learning rate, epsilon or total_steps uses the new values
+        (resume.py lists the changes), while the optimiser's running state carries over."""
+        configured = make_optimizer(self.cfg.optim, [torch.zeros(1)]).param_groups[0]
+        settings = {key: value for key, value in configured.items() if key != "params"}
+        lr = self.cfg.optim.learning_rate
+        factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+        for group in self.optimizer.param_groups:
+            group.update(settings, initial_lr=lr, lr=lr * factor)
+        self.scheduler.base_lrs = [lr] * len(self.optimizer.param_groups)

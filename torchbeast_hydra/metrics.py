@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 
 # The columns logs.csv starts with, in this order. Any other key a row brings (a new loss term,
 # a backend's statistic) gets a column of its own when it first appears: nothing is dropped.
+# The steps/s figure is measured over this many seconds of recent learner updates.
+SPS_WINDOW_S = 30.0
+
 CSV_FIELDS = [
     "step",
     "time_s",
@@ -116,21 +119,24 @@ class Stats:
         self.recent_returns = collections.deque(maxlen=100)
         self.episodes = 0
         self.last = {}
-        now = time.monotonic()
-        self._start_time = now - start_time_s
-        self._sps_window = collections.deque(maxlen=50)  # (time, step) pairs for a smoothed SPS
-        self._sps_window.append((now, start_step))
+        self._start_time = time.monotonic() - start_time_s
+        # (time, step) after each recent update, from the first update on: start-up (spawning
+        # actors, the first rollouts) is not throughput, and old updates leave the window.
+        self._rate_window = collections.deque()
 
     def record(self, steps: int, episode_returns: list, update_stats: dict, queues: dict) -> dict:
         now = time.monotonic()
         self.step += steps
-        self._sps_window.append((now, self.step))
+        self._rate_window.append((now, self.step))
+        while len(self._rate_window) > 2 and now - self._rate_window[1][0] >= SPS_WINDOW_S:
+            self._rate_window.popleft()
+        sps = self.sps
         self.recent_returns.extend(episode_returns)
         self.episodes += len(episode_returns)
         row = dict(
             step=self.step,
             time_s=round(now - self._start_time, 3),
-            sps=round(self.sps, 2),
+            sps="" if sps is None else round(sps, 2),  # none until a second update
             mean_episode_return=(sum(episode_returns) / len(episode_returns)) if episode_returns else "",
             episode_returns=json.dumps(episode_returns),
             episodes=self.episodes,
@@ -159,9 +165,12 @@ class Stats:
         return time.monotonic() - self._start_time
 
     @property
-    def sps(self) -> float:
-        (t0, s0), (t1, s1) = self._sps_window[0], self._sps_window[-1]
-        return (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+    def sps(self) -> float | None:
+        """Agent steps per second over the last SPS_WINDOW_S seconds of updates (None before two)."""
+        if len(self._rate_window) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._rate_window[0], self._rate_window[-1]
+        return (s1 - s0) / (t1 - t0) if t1 > t0 else None
 
     @property
     def mean_recent_return(self) -> float | None:
@@ -169,19 +178,25 @@ class Stats:
 
     def progress_line(self) -> str:
         sps = self.sps
-        remaining = max(0, self.total_steps - self.step)
-        eta = _duration(remaining / sps) if sps > 0 else "?"
+        if sps:
+            rate = f"@ {sps:,.0f} SPS, ETA {duration(max(0, self.total_steps - self.step) / sps)}"
+        elif not self._rate_window:
+            rate = "waiting for the first rollouts"
+        else:
+            rate = "@ measuring SPS"  # until the second update
+        done = min(100.0, 100 * self.step / self.total_steps)  # the last batch may end past total_steps
+        return f"step {self.step:,}/{self.total_steps:,} ({done:.1f}%) {rate}. {self.returns_text()}"
+
+    def returns_text(self) -> str:
         mean = self.mean_recent_return
         returns = f"{mean:.2f} over last {len(self.recent_returns)} episodes" if mean is not None else "n/a"
         loss = self.last.get("total_loss")
-        loss_text = f" loss {loss:.3f}" if isinstance(loss, float) else ""
-        return (
-            f"step {self.step:,}/{self.total_steps:,} ({100 * self.step / self.total_steps:.1f}%) "
-            f"@ {sps:.0f} SPS, ETA {eta}. Return {returns}.{loss_text}"
-        )
+        loss_text = f" Loss {loss:.3f}." if isinstance(loss, float) else ""
+        return f"Return {returns}.{loss_text}"
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """'1h05m', '3m07s': for progress lines and summaries."""
     seconds = int(seconds)
     hours, rest = divmod(seconds, 3600)
     return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"

@@ -258,6 +258,14 @@ class MonoBeast(Backend):
         )
         return batch, core_state, observed
 
+    def describe(self) -> dict:
+        backend = self.cfg.backend
+        envs = backend.num_actors * backend.envs_per_actor
+        return dict(
+            backend=f"mono, {self.num_learner_threads} learner threads, {num_buffers(self.cfg)} rollout buffers",
+            acting=f"{backend.num_actors} actor processes x {backend.envs_per_actor} envs = {envs} envs, CPU inference",
+        )
+
     def shut_down(self) -> None:
         self.pool.stop_actors()
         self.actors.stop(timeout=5.0)

@@ -1,7 +1,11 @@
-"""What a checkpoint must match to resume: the env's id and spaces, the model's class and shapes.
+"""Resuming with the checkpoint's config or a changed one.
 
-Config fields added since (absent from the saved config) or changed without changing shapes do
-not stop a resume.
+What shapes the env, the model and the optimiser's state must match: the env's id and spaces,
+the model's class and parameter shapes, the optimiser. Any other difference is applied knowingly:
+`config_changes` lists each one (the run logs them at start, one line per key, and records them in
+run_info.yaml); the learner takes the new hyperparameters over the checkpoint's optimiser state and
+re-derives the LR schedule from them (learner.Learner.load_state_dict); the run dir's config says
+what the run now uses. Config fields added since (absent from the saved config) are not changes.
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ def check_resumable(path: Path, state: dict, cfg, spec: EnvSpec, model_state: di
     current_env = env_signature(cfg.env.id, spec)
     if any(saved_env[key] != current_env.get(key) for key in saved_env):
         raise _mismatch(path, "env", saved_env, current_env, "the env's id or spaces differ")
+    saved_optim = saved.get("optim", {}).get("name")
+    if saved_optim is not None and saved_optim != current["optim"]["name"]:
+        raise _mismatch(
+            path, "optim.name", saved_optim, current["optim"]["name"], "the optimiser's state cannot carry over"
+        )
     saved_target = saved.get("model", {}).get("_target_")
     if saved_target is not None and saved_target != current["model"]["_target_"]:
         raise _mismatch(path, "model", saved["model"], current["model"], "the model's body class differs")
@@ -44,14 +53,6 @@ def check_resumable(path: Path, state: dict, cfg, spec: EnvSpec, model_state: di
         before, now = (list(shapes.get(key, ["absent"])) for shapes in (saved_shapes, current_shapes))
         detail = f"{key}: {before} saved, {now} now"
         raise _mismatch(path, "model", saved.get("model"), current["model"], f"parameter shapes differ ({detail})")
-    for group in ("env", "model"):
-        changed = {
-            key: (value, current[group][key])
-            for key, value in saved.get(group, {}).items()
-            if key in current[group] and value != current[group][key]
-        }
-        for key, (before, now) in changed.items():
-            log.warning("Resuming with %s.%s=%s (trained with %s): it does not change shapes.", group, key, now, before)
 
 
 def _mismatch(path: Path, group: str, saved, current, why: str) -> CheckpointError:
@@ -59,3 +60,32 @@ def _mismatch(path: Path, group: str, saved, current, why: str) -> CheckpointErr
         f"{path} was trained with {group}={saved}, but this run asks for {group}={current}: "
         f"{why}. Resume with the original config, or start in a new run dir."
     )
+
+
+def config_changes(saved: dict, current: dict) -> dict:
+    """Dotted key -> (saved, now) for every setting both configs have and that differs."""
+    saved, current = _flatten(saved), _flatten(current)
+    return {
+        key: (saved[key], current[key]) for key in sorted(saved.keys() & current.keys()) if saved[key] != current[key]
+    }
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def describe_changes(changes: dict) -> list:
+    """Log lines for a resume's changed settings: a heading, then one line per key."""
+    if not changes:
+        return []
+    return [
+        f"Resuming with {len(changes)} changed setting(s), applied from here on (the LR schedule follows the "
+        "new values; the run dir's config now says what this run uses):",
+        *(f"  {key}: {before!r} -> {now!r}" for key, (before, now) in changes.items()),
+    ]

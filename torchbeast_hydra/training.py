@@ -29,7 +29,8 @@ class Backend:
     - next_batch(): (batch [T+1, B, ...] on the CPU, core state, the backend's own statistics
       for logs.csv), or None once the run is done (check run.done while waiting);
     - shut_down(): stop producing and end every process it started;
-    - progress() (optional): text appended to the progress line.
+    - progress() (optional): text appended to the progress line;
+    - describe() (optional): the backend's lines of the start-up summary (how it acts).
     """
 
     num_learner_threads = 1
@@ -60,6 +61,9 @@ class Backend:
     def progress(self) -> str:
         return ""
 
+    def describe(self) -> dict:
+        return {}
+
     # -- shared ------------------------------------------------------------------------------
 
     def publish_weights(self) -> None:
@@ -83,6 +87,14 @@ class Backend:
             self._errors.append(error)
             self.run.stop_requested.set()
 
+    def _log_summary(self) -> None:
+        """One block that says what started, in the log and in run_info.yaml."""
+        run = self.run.describe()
+        summary = {"device": run.pop("device"), **self.describe(), **run}
+        width = max(map(len, summary))
+        log.info("Starting:\n%s", "\n".join(f"  {key:<{width}}  {value}" for key, value in summary.items()))
+        self.run.add_to_run_info("startup", summary)
+
     def train(self) -> None:
         run = self.run
         learners = [
@@ -97,6 +109,7 @@ class Backend:
                 self.shut_down()
                 raise
             try:
+                self._log_summary()
                 for thread in learners:
                     thread.start()
                 last_log = time.monotonic()
@@ -115,4 +128,4 @@ class Backend:
                 run.save_checkpoint()  # the learner's last consistent state, whatever stopped us
             if self._errors:
                 raise self._errors[0]
-        log.info("Finished: %s", run.stats.progress_line())
+        log.info("%s", run.outcome())

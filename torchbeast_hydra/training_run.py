@@ -9,18 +9,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shlex
+import signal
 import threading
 import time
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
 from . import checkpoint
 from .config import to_plain_dict
-from .devices import resolve_device
+from .devices import device_name, resolve_device
 from .envs import EnvSpec
 from .learner import Learner
-from .metrics import CsvLog, Stats
+from .metrics import CsvLog, Stats, duration
 from .models import make_model
-from .resume import check_resumable, env_signature
+from .resume import check_resumable, config_changes, describe_changes, env_signature
 from .seeding import seed_everything
 from .signals import StopOnSignals
 from .wandb_log import WandbLog, hydra_labels
@@ -59,6 +65,7 @@ class TrainingRun:
         self.stopped_by: StopOnSignals | None = None  # set by the backend; see launch.hand_over
 
         self.checkpoint_path = checkpoint.path_in(self.run_dir)
+        self.config_changes = {}  # on resume: key -> (the checkpoint's value, this run's)
         start_step, episodes, elapsed_s = 0, 0, 0.0
         if self.checkpoint_path.exists():
             # On the CPU: the RNG states must stay there; load_state_dict moves the rest to the device.
@@ -69,6 +76,9 @@ class TrainingRun:
             start_step, episodes = state["step"], state["stats"]["episodes"]
             elapsed_s = state["stats"].get("time_s", 0.0)  # absent in older checkpoints
             log.info("Resuming from %s at step %d.", self.checkpoint_path, start_step)
+            self.config_changes = config_changes(state.get("config", {}), to_plain_dict(cfg))
+            for line in describe_changes(self.config_changes):
+                log.warning(line)
         self.resumed = start_step > 0
         sinks = []
         self.csv_path = self.run_dir / "logs.csv"
@@ -76,7 +86,7 @@ class TrainingRun:
             with writing(self.csv_path):
                 sinks.append(CsvLog(self.csv_path, resume_step=start_step))
         group, name, tags = hydra_labels()
-        wandb_log = WandbLog(
+        self.wandb = wandb_log = WandbLog(
             cfg.logger.wandb,
             self.run_dir,
             group=group,
@@ -90,6 +100,45 @@ class TrainingRun:
         self.stats = Stats(start_step, cfg.total_steps, sinks, start_time_s=elapsed_s)
         self.stats.episodes = episodes
         self._last_save = time.monotonic()
+
+    def describe(self) -> dict:
+        """What this run is, for the start-up summary (the backend adds how it acts)."""
+        model = self.learner.model
+        core = f" + LSTM ({model.lstm.num_layers} layers)" if model.use_lstm else ""
+        wandb = self.wandb.mode if self.wandb.active or self.wandb.mode == "disabled" else "failed to start"
+        summary = {
+            "device": device_name(self.device),
+            "model": f"{type(model.body).__name__}{core}, {sum(p.numel() for p in model.parameters()):,} parameters",
+            "batch": f"{self.cfg.batch_size} unrolls x {self.cfg.unroll_length} steps",
+            "run dir": str(self.run_dir.resolve()),
+            "wandb": f"{wandb} {self.wandb.url}" if self.wandb.url else wandb,
+        }
+        if self.resumed:
+            summary["resumed"] = f"at step {self.stats.step:,}, {len(self.config_changes)} settings changed"
+        return summary
+
+    def add_to_run_info(self, section: str, values: dict) -> None:
+        """Adds a section to run_info.yaml (what produced the run; __main__.write_run_info)."""
+        path = self.run_dir / "run_info.yaml"
+        with writing(path):
+            info = OmegaConf.load(path) if path.exists() else OmegaConf.create()
+            info[section] = values
+            OmegaConf.save(info, path)
+
+    def outcome(self) -> str:
+        """The last line of a run: finished, or stopped by a signal and how to resume."""
+        stats = self.stats
+        if stats.step >= self.cfg.total_steps:
+            return (
+                f"Finished: {stats.step:,} agent steps (total_steps={self.cfg.total_steps:,}) in "
+                f"{duration(stats.elapsed_s)}. {stats.returns_text()} Checkpoint: {self.checkpoint_path}"
+            )
+        received = self.stopped_by.received if self.stopped_by is not None else None
+        why = f"by {signal.Signals(received).name}" if received is not None else "early"
+        return (
+            f"Stopped {why} at step {stats.step:,}/{self.cfg.total_steps:,} after {duration(stats.elapsed_s)}; "
+            f"the checkpoint is saved. Resume with: {resume_command(self.run_dir)}"
+        )
 
     @property
     def done(self) -> bool:
@@ -134,3 +183,15 @@ class TrainingRun:
 
     def close(self) -> None:
         self.stats.close()
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that resumes this run: the same overrides, in the same run dir (or sweep dir)."""
+    try:
+        hydra_cfg = HydraConfig.get()
+    except ValueError:  # not in a Hydra job (tests, notebooks)
+        return f"python -m torchbeast_hydra hydra.run.dir={run_dir}"
+    overrides = [o for o in hydra_cfg.overrides.task if not o.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
+    if hydra_cfg.mode == RunMode.MULTIRUN:  # each job of the sweep finds its own dir again
+        return f"your sweep command again, with hydra.sweep.dir={hydra_cfg.sweep.dir}"
+    return " ".join(["python -m torchbeast_hydra", *map(shlex.quote, overrides), f"hydra.run.dir={run_dir}"])

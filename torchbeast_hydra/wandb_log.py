@@ -179,6 +179,7 @@ class WandbLog:
         self.mode = resolve_mode(_value(settings.mode))
         self.run_dir = Path(run_dir)
         self.run = None
+        self.url: Optional[str] = None  # the run's page, once an online run has started
         self.sync_dir: Optional[str] = None
         self._failed = threading.Event()
         self._warn_lock = threading.Lock()
@@ -285,8 +286,10 @@ class WandbLog:
             return
         if "resume_from" not in kwargs and getattr(run, "resumed", False):
             self._first_step = int(getattr(run, "step", 0) or 0)  # what wandb has already
+        self.url = getattr(run, "url", None) if self.mode == "online" else None  # before the caller reads it
         self._ready.set()
         if self._failed.is_set():  # started after the deadline: training went on without it
+            self.url = None
             _finish(run)
             return
         self.run, self.sync_dir = run, getattr(run.settings, "sync_dir", None)

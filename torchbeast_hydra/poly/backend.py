@@ -118,6 +118,7 @@ class PolyBeast(Backend):
         )
         self.server = None
         self.clients = None
+        self.address = None  # HOST:PORT once serving
 
     # -- acting ------------------------------------------------------------------------------
 
@@ -171,6 +172,18 @@ class PolyBeast(Backend):
         )
         return (*got, observed)
 
+    def describe(self) -> dict:
+        backend = self.cfg.backend
+        if self.clients is not None:
+            envs = backend.num_actors * backend.envs_per_actor
+            acting = f"{backend.num_actors} local env clients x {backend.envs_per_actor} envs = {envs} envs"
+        else:
+            acting = "env clients connect from other machines (backend.role=env)"
+        return dict(
+            backend=f"poly (role={PolyRole(backend.role).value}), ActorPool server on {self.address}",
+            acting=f"{acting}; central inference on {self.device.type}, up to {backend.max_batch_size} envs a batch",
+        )
+
     def progress(self) -> str:
         return f" Clients {self.pool.connected}, learner queue {self.rollouts.qsize()}."
 
@@ -185,6 +198,7 @@ class PolyBeast(Backend):
         server.start()
         host, _ = split_address(backend.address)
         write_address_file(self.run.run_dir / ADDRESS_FILE, host, port)
+        self.address = f"{host}:{port}"
         log.info(
             "ActorPool listening on %s:%d (%s). Env clients: backend=poly backend.role=env "
             "backend.address=HOST:%d with the same %s.",
