@@ -7,6 +7,8 @@ types cannot express (ranges, and how values relate to each other).
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import enum
 import os
 from collections.abc import Mapping
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 
 class ConfigError(ValueError):
@@ -325,11 +327,69 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+# Config's fields typed Any: a plain dict there (from a YAML file that extends no schema) is
+# checked against the schema its name selects. A model's plain dict is the user's own model:
+# models.make_model checks its fields against the body's constructor.
+_SCHEMAS_BY_NAME = {
+    "optim": {"rmsprop": RMSPropConfig, "adam": AdamConfig},
+    "backend": {"mono": MonoConfig, "poly": PolyConfig},
+}
+
+
+def check_keys(cfg) -> None:
+    """Refuses a key that no schema declares, naming it and the nearest declared key.
+
+    Hydra refuses most such keys when it composes the config, but `+key` (and `++key`) add them to
+    typed nodes too. Each node keeps its dataclass (OmegaConf.get_type), so its keys are compared
+    with that dataclass's fields. Plain dicts (fields typed Dict[str, Any], such as env.make_kwargs)
+    are the user's and stay open, and so are a body's own fields beside ModelConfig's, which
+    models.make_model checks against the body's constructor. Hydra's own `hydra` key is Hydra's.
+    """
+    unknown, open_dicts = [], []
+    _collect_unknown_keys(cfg, "", unknown, open_dicts)
+    if unknown:
+        raise ConfigError(
+            f"{'; '.join(unknown)}. Keys of your own go only in {', '.join(open_dicts)} "
+            f"(e.g. +{open_dicts[0]}.KEY=VALUE)."
+        )
+
+
+def _schema_of(node: DictConfig, path: str):
+    schema = OmegaConf.get_type(node)
+    if dataclasses.is_dataclass(schema):
+        return schema
+    if path not in _SCHEMAS_BY_NAME:
+        return None
+    by_name = _SCHEMAS_BY_NAME[path]
+    name = node.get("name")
+    _check(name in by_name, f"{path}.name={name}: use {' or '.join(by_name)}.")
+    return by_name[name]
+
+
+def _collect_unknown_keys(node: DictConfig, path: str, unknown: list[str], open_dicts: list[str]) -> None:
+    """Appends a message for each undeclared key under node, and the open dicts' paths."""
+    schema = _schema_of(node, path)
+    if schema is None:
+        open_dicts.append(path)
+        return
+    declared = [f.name for f in dataclasses.fields(schema)]
+    prefix = f"{path}." if path else ""
+    for key in node:
+        if key in declared:
+            if not OmegaConf.is_missing(node, key) and isinstance(node[key], DictConfig):
+                _collect_unknown_keys(node[key], prefix + key, unknown, open_dicts)
+        elif schema is not ModelConfig and prefix + key != "hydra":  # ModelConfig's extra keys are the body's
+            near = difflib.get_close_matches(key, declared, n=1)
+            hint = f" (did you mean {prefix}{near[0]}?)" if near else ""
+            unknown.append(f"unknown key {prefix}{key} in {schema.__name__}{hint}")
+
+
 def validate(cfg) -> None:
     """Checks that types cannot express; raises ConfigError naming the key and a fix.
 
     Auto sizes (0) are resolved first (resolve_auto), so the checks see what will run.
     """
+    check_keys(cfg)
     if cfg.backend.num_actors >= 0 and cfg.backend.envs_per_actor >= 0:
         resolve_auto(cfg)
     _check(cfg.total_steps > 0, f"total_steps={cfg.total_steps} must be positive.")
