@@ -54,7 +54,6 @@ DEFAULTS = [
     "total_steps=1000000000",
     "checkpoint_interval_s=100000",
 ]
-MODES = ("train", "scaling", "pipeline")
 
 
 # -- one training run -------------------------------------------------------------------------------
@@ -257,15 +256,19 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def main(argv: list | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in (*MODES, "-h", "--help"):
+def parse_args(argv: list) -> argparse.Namespace:
+    if not argv or argv[0] not in ("train", "scaling", "pipeline", "-h", "--help"):
         argv = ["train", *argv]  # train is the default mode: `throughput.py backend=poly` as before modes
     # Hydra overrides (key=value) may stand anywhere: argparse alone would read `experiment=cartpole`
     # after `--envs 4 64` as a third env count and refuse it.
     overrides = [arg for arg in argv if "=" in arg and not arg.startswith("-")]
     args = parser().parse_args([arg for arg in argv if arg not in overrides])
     args.overrides += overrides
+    return args
+
+
+def main() -> None:
+    args = parse_args(sys.argv[1:])
     dict(train=train_mode, scaling=scaling_mode, pipeline=pipeline_mode)[args.mode](args)
 
 
