@@ -168,6 +168,7 @@ def mean_of(rows: list, key: str) -> float | None:
 
 
 def steps_per_update(rows: list) -> float:
+    """Env steps a learner update consumed, on average over these rows (one row per update)."""
     return (rows[-1]["step"] - rows[0]["step"]) / (len(rows) - 1)
 
 

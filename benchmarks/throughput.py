@@ -28,6 +28,8 @@ a learner takes batches as they come (stacks them, as the real learner does) wit
 Prints the ceiling in env-steps/s, wall microseconds per env-step and CPU microseconds per
 env-step (all processes; the figure that stays comparable when other work shares the machine).
 --learner cli runs the real learner instead (`backend.role=learner` with the given overrides).
+
+Hydra overrides (key=value) may stand anywhere on the line, after a list option too.
 """
 
 from __future__ import annotations
