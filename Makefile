@@ -37,8 +37,8 @@ format: setup
 plot: setup  # make plot ARGS=outputs/multirun/DATE/TIME (default: the newest run or sweep)
 	$(PY) -m torchbeast_hydra.analysis $(ARGS)
 
-benchmark: setup
-	$(PY) benchmarks/throughput.py $(ARGS)
+benchmark: setup  # make benchmark ARGS="scaling" or ARGS="pipeline --clients 2 4" (default: train)
+	$(PY) benchmarks/throughput.py $(or $(ARGS),train)
 
 # A single-node SLURM cluster on this machine (root; installs slurmctld, slurmd and munge from apt
 # when missing) for trying hydra/launcher=slurm; the tests start and stop it themselves.

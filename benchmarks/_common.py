@@ -1,11 +1,14 @@
-"""Helpers for the benchmarks: run the CLI, sample the memory of its process tree, read logs.csv."""
+"""Helpers for the benchmarks: run the CLI, sample the memory, CPU time and GPU of its process tree,
+read logs.csv and its steady state."""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
+import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -44,6 +47,19 @@ def pss_bytes(pids: list) -> int:
     return total
 
 
+def cpu_seconds(pids: list) -> float:
+    """user + system CPU seconds of these processes so far (from /proc; 0 where unreadable)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError):
+            continue
+    return total / ticks
+
+
 class MemorySampler(threading.Thread):
     def __init__(self, pid: int, interval: float = 0.5):
         super().__init__(daemon=True)
@@ -57,6 +73,36 @@ class MemorySampler(threading.Thread):
     def stop(self):
         self._finished.set()
         self.join()
+
+
+class GpuSampler(threading.Thread):
+    """Samples GPU utilisation (%) with nvidia-smi every second; empty without a GPU."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.samples = []
+        self._finished = threading.Event()
+        self.available = shutil.which("nvidia-smi") is not None
+
+    def run(self):
+        while self.available and not self._finished.wait(1.0):
+            try:
+                out = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                    capture_output=True,
+                    text=True,
+                    timeout=5,
+                ).stdout
+                self.samples.append(float(out.split()[0]))
+            except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+                return
+
+    def stop(self) -> str:
+        self._finished.set()
+        self.join()
+        if not self.samples:
+            return "no GPU" if not self.available else "n/a"
+        return f"{statistics.fmean(self.samples):.0f}% mean, {statistics.median(self.samples):.0f}% median"
 
 
 def cli_command(run_dir: Path, overrides: list) -> list:
@@ -105,6 +151,25 @@ def read_log(run_dir: Path) -> list:
             break
         parsed.append(row)
     return parsed
+
+
+def steady_rate(rows: list, warmup: float) -> tuple[list, float | None]:
+    """The rows logged after the warm-up and their steps/s (None with fewer than two such rows)."""
+    steady = [row for row in rows if row["time_s"] >= warmup]
+    if len(steady) < 2:
+        return steady, None
+    return steady, (steady[-1]["step"] - steady[0]["step"]) / (steady[-1]["time_s"] - steady[0]["time_s"])
+
+
+def mean_of(rows: list, key: str) -> float | None:
+    """The mean of a logs.csv column over these rows; None where no row has it (another backend's)."""
+    values = [float(row[key]) for row in rows if row.get(key) not in (None, "")]
+    return sum(values) / len(values) if values else None
+
+
+def steps_per_update(rows: list) -> float:
+    """Env steps a learner update consumed, on average over these rows (one row per update)."""
+    return (rows[-1]["step"] - rows[0]["step"]) / (len(rows) - 1)
 
 
 def platform_line() -> str:

@@ -1,12 +1,35 @@
-"""Throughput: training steps/s for a config, beside the raw env step rate on this machine.
+"""Throughput: how fast training runs on this machine, and where a step's time goes.
 
-    python benchmarks/throughput.py                       # Pong, atari_net, B=8, T=80, mono
-    python benchmarks/throughput.py --seconds 120 backend.envs_per_actor=4
-    python benchmarks/throughput.py backend=poly         # the same on the poly backend
+    python benchmarks/throughput.py train                 # Pong, atari_net, B=8, T=80, mono
+    python benchmarks/throughput.py train backend=poly    # the same on the poly backend
+    python benchmarks/throughput.py train --backends mono poly --warmup 30   # both, actors sized to the machine
+    python benchmarks/throughput.py train --seconds 120 backend.envs_per_actor=4
+    python benchmarks/throughput.py scaling               # poly with 1, 2, 4, 8 env clients
+    python benchmarks/throughput.py scaling --clients 1 2 4 8 16 --seconds 60 backend.envs_per_actor=8
+    python benchmarks/throughput.py pipeline              # poly's own ceiling: zero-cost env, trivial policy
+    python benchmarks/throughput.py pipeline --clients 2 --envs 64 128 256
+    python benchmarks/throughput.py pipeline --learner cli --obs cartpole experiment=cartpole
 
-Runs training for --seconds (after a warm-up that is excluded from the rate), then prints the
-steady-state steps/s, the single-env step rate measured in the same run, and peak memory (PSS of
-the whole process tree, so shared buffers count once), then where the CPU time of a step goes.
+train (the default mode): trains for --warmup + --seconds (once with the config's backend, or once
+per backend in --backends) and prints the steady-state steps/s after the warm-up, steps/s per
+core, efficiency = steps/s / (cores x the raw single-env rate measured just before, in the same
+run), GPU utilisation (when there is a GPU), peak memory (PSS of the whole process tree, so shared
+buffers count once) and the core-microseconds a step costs in env, inference, server work, batch
+gathering and learner update (from logs.csv).
+
+scaling: trains once per actor count in --clients (poly env clients by default; --backend mono
+for mono's actors) and prints a row each: steps/s, the mean central inference batch and its
+time, and the mean learner queue (poly's columns; "-" where the backend logs none).
+
+pipeline: isolates our overhead from env and model cost. Env client processes step a zero-cost
+env (the same Pong-shaped frames, 4x84x84 uint8, every step) through the real client code; the
+ActorPool server answers with a trivial policy in its dynamic batches and assembles the unrolls;
+a learner takes batches as they come (stacks them, as the real learner does) without the math.
+Prints the ceiling in env-steps/s, wall microseconds per env-step and CPU microseconds per
+env-step (all processes; the figure that stays comparable when other work shares the machine).
+--learner cli runs the real learner instead (`backend.role=learner` with the given overrides).
+
+Hydra overrides (key=value) may stand anywhere on the line, after a list option too.
 """
 
 from __future__ import annotations
@@ -16,12 +39,14 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import platform_line, read_log, train  # noqa: E402
+from _common import GpuSampler, mean_of, platform_line, read_log, steady_rate, steps_per_update, train  # noqa: E402
+from _pipeline import OBS  # noqa: E402
 
 DEFAULTS = [
     "env=pong",
@@ -33,7 +58,34 @@ DEFAULTS = [
 ]
 
 
+# -- one training run -------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    rc: int
+    wall: float  # seconds, the whole run
+    peak: int  # bytes, PSS of the process tree
+    gpu: str  # utilisation while it ran
+    last_step: int
+    rows: list  # logs.csv rows after the warm-up
+    sps: float | None  # steady-state steps/s; None with fewer than two updates after the warm-up
+
+
+def measure(overrides: list, warmup: float, seconds: float) -> Run:
+    """Trains DEFAULTS + overrides for warmup + seconds; the rate is measured after the warm-up."""
+    gpu = GpuSampler()
+    gpu.start()
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        rc, wall, peak = train(run_dir, [*DEFAULTS, *overrides], seconds=warmup + seconds)
+        rows = read_log(run_dir) if (run_dir / "logs.csv").exists() else []  # none: it failed to start
+    steady, sps = steady_rate(rows, warmup)
+    return Run(rc, wall, peak, gpu.stop(), rows[-1]["step"] if rows else 0, steady, sps)
+
+
 def env_steps_per_second(env_id: str, seconds: float = 5.0) -> float:
+    """One env on one core, random actions: what a core can give at most."""
     from torchbeast_hydra.config import EnvConfig
     from torchbeast_hydra.envs import Environments
 
@@ -49,55 +101,177 @@ def env_steps_per_second(env_id: str, seconds: float = 5.0) -> float:
     return steps / (time.perf_counter() - started)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=90.0, help="training time to measure")
-    parser.add_argument("--warmup", type=float, default=20.0, help="seconds excluded at the start")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides for the run")
-    args = parser.parse_args()
-    overrides = DEFAULTS + args.overrides
-
-    env_id = next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("env.id=")), "ALE/Pong-v5")
-    raw = env_steps_per_second(env_id)
-    with tempfile.TemporaryDirectory() as tmp:
-        run_dir = Path(tmp) / "run"
-        rc, wall, peak = train(run_dir, overrides, seconds=args.warmup + args.seconds)
-        rows = read_log(run_dir)
-    steady = [row for row in rows if row["time_s"] >= args.warmup]
-    if len(steady) < 2:
-        sys.exit(f"too few learner updates after the warm-up ({len(rows)} in all); raise --seconds")
-    sps = (steady[-1]["step"] - steady[0]["step"]) / (steady[-1]["time_s"] - steady[0]["time_s"])
-    print(f"config:        {' '.join(args.overrides) or '(defaults)'}  [{' '.join(DEFAULTS)}]")
-    print(f"machine:       {platform_line()}")
-    print(f"raw env:       {raw:,.0f} steps/s ({env_id}, one env, one core, random actions)")
-    print(
-        f"training:      {sps:,.0f} steps/s over {steady[-1]['time_s'] - steady[0]['time_s']:.0f} s "
-        f"after {args.warmup:.0f} s warm-up ({rows[-1]['step']:,} steps in {wall:.0f} s wall, exit {rc})"
-    )
-    print(f"peak memory:   {peak / 2**20:,.0f} MiB (PSS, whole process tree)")
-    print_breakdown(steady, sps, raw)
+# -- train mode -------------------------------------------------------------------------------------
 
 
-def mean_of(rows: list, key: str) -> float | None:
-    values = [float(row[key]) for row in rows if row.get(key) not in (None, "")]
-    return sum(values) / len(values) if values else None
-
-
-def print_breakdown(rows: list, sps: float, raw_env_sps: float) -> None:
-    """Core-milliseconds per env step: env, learner, central inference (poly), and the rest."""
-    steps_per_update = mean_of([dict(d=b["step"] - a["step"]) for a, b in zip(rows, rows[1:])], "d")
-    parts = {"env step (one core)": 1000 / raw_env_sps}
-    update_ms = mean_of(rows, "update_ms")
-    if update_ms is not None and steps_per_update:
-        parts["learner update"] = update_ms / steps_per_update
+def breakdown(rows: list, raw_env_sps: float) -> dict:
+    """Core-microseconds per env step by part, from what the backends log in logs.csv."""
+    parts = {"env (raw, one core)": 1e6 / raw_env_sps}
     inference_ms, batch = mean_of(rows, "inference_ms"), mean_of(rows, "inference_batch_size")
-    if inference_ms is not None and batch:
-        parts[f"central inference (mean batch {batch:.1f})"] = inference_ms / batch
-    budget = (os.cpu_count() or 1) * 1000 / sps
-    print(f"per step:      {budget:.2f} core-ms available at this rate on {os.cpu_count()} cores; of which")
-    for name, ms in parts.items():
-        print(f"  {name + ':':42s} {ms:.2f} ms")
-    print(f"  {'the rest (acting, messages, copies, idle):':42s} {budget - sum(parts.values()):.2f} ms")
+    if inference_ms is not None and batch:  # poly: per pass, over the batch's envs
+        parts[f"central inference (mean batch {batch:.1f})"] = 1000 * inference_ms / batch
+    server_us = mean_of(rows, "server_us_per_step")  # poly, per env step
+    if server_us is not None:
+        parts["transport + assembly (server)"] = server_us
+    per_update = steps_per_update(rows)
+    for name, key in (("batch gathering (learner)", "gather_ms"), ("learner update", "update_ms")):
+        value = mean_of(rows, key)
+        if value is not None:
+            parts[name] = 1000 * value / per_update
+    return parts
+
+
+def train_mode(args) -> None:
+    cores = os.cpu_count() or 1
+    overrides = DEFAULTS + args.overrides
+    env_id = next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("env.id=")), "ALE/Pong-v5")
+    print(f"machine: {platform_line()}")
+    print(f"config:  {' '.join(overrides)}")
+    for backend in args.backends or [None]:
+        raw = env_steps_per_second(env_id)  # just before each run: the machine as it is now
+        backend_override = [f"backend={backend}"] if backend else []
+        run = measure([*backend_override, *args.overrides], args.warmup, args.seconds)
+        name = backend or "training"
+        if run.sps is None:
+            sys.exit(
+                f"{name}: too few learner updates after the warm-up ({run.last_step:,} steps in all, exit {run.rc}); "
+                "raise --seconds"
+            )
+        elapsed = run.rows[-1]["time_s"] - run.rows[0]["time_s"]
+        print(
+            f"\n{name}: {run.sps:,.0f} steps/s over {elapsed:.0f} s after {args.warmup:g} s warm-up "
+            f"({run.last_step:,} steps in {run.wall:.0f} s wall, exit {run.rc})\n"
+            f"  {run.sps / cores:,.0f} steps/s per core, efficiency {run.sps / (cores * raw):.2f} "
+            f"(raw env {raw:,.0f} steps/s: {env_id}, one env, one core, random actions)\n"
+            f"  GPU {run.gpu}; peak memory {run.peak / 2**20:,.0f} MiB (PSS, whole process tree)",
+            flush=True,
+        )
+        budget = cores * 1e6 / run.sps
+        print(f"  per step: {budget:,.1f} core-us available at this rate on {cores} cores; of which")
+        parts = breakdown(run.rows, raw)
+        for part, us in parts.items():
+            print(f"    {part + ':':44s} {us:8.1f} us")
+        print(f"    {'the rest (messages, copies, idle, ...):':44s} {budget - sum(parts.values()):8.1f} us", flush=True)
+
+
+# -- scaling mode -----------------------------------------------------------------------------------
+
+
+def scaling_mode(args) -> None:
+    unit = "clients" if args.backend == "poly" else "actors"
+    print(f"machine: {platform_line()}")
+    print(f"config:  backend={args.backend} {' '.join(DEFAULTS + args.overrides)}")
+    print(f"{unit:>7} {'steps/s':>8} {'inference batch':>16} {'inference ms':>13} {'learner queue':>14}")
+    for actors in args.clients:
+        run = measure(
+            [f"backend={args.backend}", f"backend.num_actors={actors}", *args.overrides], args.warmup, args.seconds
+        )
+        if run.sps is None:
+            print(f"{actors:>7} too few updates after the warm-up (exit {run.rc}); raise --seconds", flush=True)
+            continue
+        columns = ((16, "inference_batch_size", ".1f"), (13, "inference_ms", ".2f"), (14, "learner_queue_size", ".1f"))
+        cells = [_cell(mean_of(run.rows, key), width, spec) for width, key, spec in columns]
+        print(f"{actors:>7} {run.sps:>8,.0f} {' '.join(cells)}", flush=True)
+
+
+def _cell(value: float | None, width: int, spec: str) -> str:
+    return f"{value:>{width}{spec}}" if value is not None else f"{'-':>{width}}"
+
+
+# -- pipeline mode ----------------------------------------------------------------------------------
+
+
+def pipeline_mode(args) -> None:
+    from _pipeline import FixedFrames, measure_cli, measure_null
+
+    maker = FixedFrames(*OBS[args.obs])
+    print(f"machine: {platform_line()}; load average {os.getloadavg()[0]:.1f} at the start")
+    shape = (
+        f"B={args.batch_size}, T={args.unroll_length}, max_batch_size={args.max_batch_size}"
+        if args.learner == "none"
+        else f"the learner's config: {' '.join(args.overrides) or 'defaults'}"
+    )
+    print(
+        f"pipeline: {args.obs} frames {list(maker.spec.obs_shape)} {maker.spec.obs_dtype}, "
+        f"learner={args.learner}, {shape}, {args.warmup:g} s warm-up + {args.seconds:g} s"
+    )
+    extra = "  update us/step  queue" if args.learner == "cli" else ""
+    print(
+        f"{'clients':>7} {'envs/client':>11} {'env-steps/s':>12} {'wall us/step':>12} {'CPU us/step':>11} "
+        f"{'of it learner process':>21} "
+        f"{'server us/step':>14} {'gather us/step':>14} {'inference batch':>15}{extra}"
+    )
+    measure_pipeline = measure_cli if args.learner == "cli" else measure_null
+    for clients in args.clients:
+        for envs in args.envs:
+            r = measure_pipeline(maker, args, clients, envs)
+            line = (
+                f"{clients:>7} {envs:>11} {r['sps']:>12,.0f} {1e6 / r['sps']:>12.1f} {r['cpu_us']:>11.1f} "
+                f"{r['learner_cpu_us']:>21.1f} "
+                f"{_cell(r['server_us'], 14, '.1f')} {r['gather_us']:>14.1f} {r['inference_batch']:>15.1f}"
+            )
+            if args.learner == "cli":
+                line += f" {r['update_us']:>15.1f} {r['queue'] or 0:>6.1f}"
+            print(line, flush=True)
+
+
+# -- the command line -------------------------------------------------------------------------------
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    modes = top.add_subparsers(dest="mode", required=True)
+
+    training = modes.add_parser("train", help="steady-state steps/s of a config and where a step's time goes")
+    training.add_argument(
+        "--backends", nargs="+", choices=["mono", "poly"], help="one run per backend (default: the config's backend)"
+    )
+    training.add_argument("--seconds", type=float, default=90.0, help="training time to measure")
+    training.add_argument("--warmup", type=float, default=20.0, help="seconds excluded at the start")
+    training.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
+
+    scaling = modes.add_parser("scaling", help="steps/s over numbers of env clients (poly) or actors (mono)")
+    scaling.add_argument("--clients", "--actors", type=int, nargs="+", default=[1, 2, 4, 8], help="backend.num_actors")
+    scaling.add_argument("--backend", choices=["mono", "poly"], default="poly")
+    scaling.add_argument("--seconds", type=float, default=40.0)
+    scaling.add_argument("--warmup", type=float, default=20.0)
+    scaling.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
+
+    pipe = modes.add_parser("pipeline", help="poly's own ceiling with a zero-cost env and a trivial policy")
+    pipe.add_argument("--clients", type=int, nargs="+", default=[2])
+    pipe.add_argument("--envs", type=int, nargs="+", default=[64], help="envs per client (per message)")
+    pipe.add_argument("--obs", choices=sorted(OBS), default="pong")
+    pipe.add_argument(
+        "--learner",
+        choices=["none", "cli"],
+        default="none",
+        help="none: batches stacked and dropped; cli: the real learner with the overrides",
+    )
+    pipe.add_argument("--batch-size", type=int, default=8)
+    pipe.add_argument("--unroll-length", type=int, default=80)
+    pipe.add_argument("--max-batch-size", type=int, default=512, help="envs per central inference pass")
+    pipe.add_argument("--batch-timeout-ms", type=float, default=2.0)
+    pipe.add_argument("--learner-queue-size", type=int, default=64)
+    pipe.add_argument("--seconds", type=float, default=15.0)
+    pipe.add_argument("--warmup", type=float, default=5.0)
+    pipe.add_argument("overrides", nargs="*", help="--learner cli: Hydra overrides for the learner")
+    return top
+
+
+def parse_args(argv: list) -> argparse.Namespace:
+    if not argv or argv[0] not in ("train", "scaling", "pipeline", "-h", "--help"):
+        argv = ["train", *argv]  # train is the default mode: `throughput.py backend=poly` as before modes
+    # Hydra overrides (key=value) may stand anywhere: argparse alone would read `experiment=cartpole`
+    # after `--envs 4 64` as a third env count and refuse it.
+    overrides = [arg for arg in argv if "=" in arg and not arg.startswith("-")]
+    args = parser().parse_args([arg for arg in argv if arg not in overrides])
+    args.overrides += overrides
+    return args
+
+
+def main() -> None:
+    args = parse_args(sys.argv[1:])
+    dict(train=train_mode, scaling=scaling_mode, pipeline=pipeline_mode)[args.mode](args)
 
 
 if __name__ == "__main__":

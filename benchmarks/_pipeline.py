@@ -1,0 +1,249 @@
+"""Poly's pipeline without env or model cost, for `throughput.py pipeline`.
+
+Env client processes step a zero-cost env (the same frames every step) through the real client
+code; the ActorPool server answers with a trivial policy in its dynamic batches and assembles the
+unrolls; a learner takes batches as they come (stacks them, as the real learner does) without the
+math, or the real learner (`backend.role=learner`) does. Each measure_* returns the same figures.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from _common import cli_command, cpu_seconds, mean_of, process_tree, read_log, steady_rate, steps_per_update
+
+# shape, dtype and number of actions of the frames the zero-cost env sends
+OBS = dict(pong=((4, 84, 84), "uint8", 6), cartpole=((4,), "float32", 2))
+
+
+class FixedFrames:
+    """A zero-cost env maker for EnvClient: the same frames every step, no episode ever ends."""
+
+    def __init__(self, obs_shape: tuple, obs_dtype: str, num_actions: int):
+        from torchbeast_hydra.envs import EnvSpec
+
+        self.spec = EnvSpec(tuple(obs_shape), np.dtype(obs_dtype), num_actions)
+
+    def __call__(self, num_envs: int, seed: int):
+        return _Fixed(self.spec, num_envs)
+
+
+class _Fixed:
+    def __init__(self, spec, n: int):
+        from torchbeast_hydra import layout
+
+        self.out = layout.env_outputs(spec, n)  # the env keys, as real envs have them
+        self.out["frame"][:] = 7
+        self.out["done"][:] = False
+
+    def initial(self) -> dict:
+        return self.out
+
+    def step(self, actions) -> dict:
+        self.out["last_action"][:] = actions
+        self.out["episode_step"] += 1
+        return self.out
+
+    def close(self) -> None:
+        pass
+
+
+def trivial_policy(num_actions: int):
+    import torch
+
+    def policy(inputs: dict) -> dict:
+        n = inputs["frame"].shape[0]
+        return dict(
+            action=torch.zeros(n, dtype=torch.int64), policy_logits=torch.zeros(n, num_actions), baseline=torch.zeros(n)
+        )
+
+    return policy
+
+
+class NullLearner:
+    """The learner side of poly without the math: the server, central inference, batch stacking."""
+
+    def __init__(self, maker: FixedFrames, args):
+        import torch
+
+        from torchbeast_hydra.poly import wire
+        from torchbeast_hydra.poly.batcher import DynamicBatcher
+        from torchbeast_hydra.poly.rollouts import RolloutQueue
+        from torchbeast_hydra.poly.server import ActorPool, ServerSettings, make_server
+
+        self.args = args
+        self.token = secrets.token_urlsafe(16)
+        self.rollouts = RolloutQueue(args.learner_queue_size)
+        self.inference = DynamicBatcher(
+            trivial_policy(maker.spec.num_actions),
+            args.max_batch_size,
+            args.batch_timeout_ms / 1000,
+            producers=lambda: self.pool.connected,
+            setup=lambda: torch.set_num_threads(1),
+            name="inference",
+        )
+        settings = ServerSettings(
+            env_id="FixedFrames",
+            unroll_length=args.unroll_length,
+            chunk_size=args.batch_size,
+            cut_at_reset=True,
+            seed=0,
+            max_envs_per_client=max(args.envs),
+            max_clients=max(args.clients),
+            client_idle_timeout_s=60.0,
+        )
+        self.pool = ActorPool(
+            maker.spec,
+            settings,
+            token=self.token,
+            inference=self.inference,
+            initial_state=lambda n: (),
+            emit=self._enqueue,
+        )
+        self.max_bytes = wire.max_message_bytes(maker.spec.obs_shape, maker.spec.obs_dtype, max(args.envs))
+        self.server, port = make_server(self.pool, "127.0.0.1:0", self.max_bytes)
+        self.address = f"127.0.0.1:{port}"
+        self.steps = 0
+        self.batches = 0
+        self.gather_s = 0.0
+        self.server.start()
+        self._thread = threading.Thread(target=self._learn, daemon=True)
+        self._thread.start()
+
+    def _enqueue(self, rollouts, core_state) -> None:
+        self.rollouts.put(rollouts, core_state, self.pool.stopping)
+
+    def _learn(self) -> None:
+        while True:
+            got = self.rollouts.get_batch(self.args.batch_size, self.pool.stopping.is_set)
+            if got is None:
+                return
+            self.steps += int(got[0]["mask"][1:].sum())
+            self.gather_s += self.rollouts.assembly_s
+            self.batches += 1
+
+    def stop(self) -> None:
+        self.pool.stop(finished=True)
+        deadline = time.monotonic() + 5
+        while self.pool.connected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.inference.close()
+        self.server.stop(grace=1.0).wait()
+        self._thread.join()
+
+
+def start_clients(maker, address: str, token: str, clients: int, envs: int, max_bytes: int) -> list:
+    import torch.multiprocessing as mp
+
+    from torchbeast_hydra.config import EnvConfig
+    from torchbeast_hydra.poly.client import client_main
+
+    ctx = mp.get_context("spawn")
+    processes = [
+        ctx.Process(
+            target=client_main,
+            daemon=True,
+            args=(EnvConfig(id="FixedFrames"), address, token, envs, 60, max_bytes, True, maker),
+        )
+        for _ in range(clients)
+    ]
+    for process in processes:
+        process.start()
+    return processes
+
+
+def measure_null(maker, args, clients: int, envs: int) -> dict:
+    learner = NullLearner(maker, args)
+    processes = start_clients(maker, learner.address, learner.token, clients, envs, learner.max_bytes)
+    try:
+        time.sleep(args.warmup)
+        pids = process_tree(os.getpid())
+        steps0, gather0 = learner.steps, learner.gather_s
+        cpu0, own0, started = cpu_seconds(pids), cpu_seconds([os.getpid()]), time.perf_counter()
+        time.sleep(args.seconds)
+        steps, elapsed = learner.steps - steps0, time.perf_counter() - started
+        cpu, own = cpu_seconds(pids) - cpu0, cpu_seconds([os.getpid()]) - own0
+        gather = learner.gather_s - gather0
+        inference = learner.inference.take_stats()
+        server_us = learner.pool.take_step_stats()
+    finally:
+        learner.stop()
+        for process in processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+    return dict(
+        sps=steps / elapsed,
+        cpu_us=1e6 * cpu / max(steps, 1),
+        learner_cpu_us=1e6 * own / max(steps, 1),
+        gather_us=1e6 * gather / max(steps, 1),
+        inference_batch=np.mean([size for size, _ in inference]) if inference else 0.0,
+        server_us=server_us,
+    )
+
+
+def measure_cli(maker, args, clients: int, envs: int) -> dict:
+    """The real learner (role=learner, with the given overrides) fed by zero-cost clients."""
+    from torchbeast_hydra.poly import wire
+
+    token = secrets.token_urlsafe(16)
+    max_bytes = wire.max_message_bytes(maker.spec.obs_shape, maker.spec.obs_dtype, max(envs, 256))
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp) / "run"
+        command = cli_command(
+            run_dir,
+            [
+                "backend=poly",
+                "backend.role=learner",
+                "total_steps=1000000000",
+                "checkpoint_interval_s=100000",
+                f"backend.max_envs_per_client={max(envs, 256)}",
+                *args.overrides,
+            ],
+        )
+        learner = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, TORCHBEAST_TOKEN=token)
+        )
+        processes = []
+        try:
+            address_file = run_dir / "actorpool_address"
+            deadline = time.monotonic() + 120
+            while not address_file.exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            address = address_file.read_text().strip()
+            processes = start_clients(maker, address, token, clients, envs, max_bytes)
+            time.sleep(args.warmup)
+            pids = process_tree(os.getpid())
+            cpu0, own0 = cpu_seconds(pids), cpu_seconds([learner.pid])
+            time.sleep(args.seconds)
+            cpu, own = cpu_seconds(pids) - cpu0, cpu_seconds([learner.pid]) - own0
+            rows, sps = steady_rate(read_log(run_dir), args.warmup)
+        finally:
+            learner.terminate()
+            learner.wait(timeout=60)
+            for process in processes:
+                process.kill()
+                process.join()
+    if sps is None:
+        sys.exit("too few learner updates after the warm-up; raise --seconds")
+    # CPU was measured over --seconds, the steps over the logged rows in it: scale to the same span.
+    measured = max(sps * args.seconds, 1)
+    per_update = steps_per_update(rows)
+    return dict(
+        sps=sps,
+        cpu_us=1e6 * cpu / measured,
+        learner_cpu_us=1e6 * own / measured,
+        gather_us=1000 * (mean_of(rows, "gather_ms") or 0) / per_update,
+        inference_batch=mean_of(rows, "inference_batch_size") or 0.0,
+        server_us=mean_of(rows, "server_us_per_step"),
+        update_us=1000 * (mean_of(rows, "update_ms") or 0) / per_update,
+        queue=mean_of(rows, "learner_queue_size"),
+    )

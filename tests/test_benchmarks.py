@@ -1,0 +1,104 @@
+"""benchmarks/throughput.py: its modes parse as the README writes them, its figures add up, and the
+pipeline mode (no env, no model) runs end to end."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, cli_env
+
+BENCHMARKS = REPO / "benchmarks"
+
+
+@pytest.fixture
+def throughput(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import throughput
+
+    return throughput
+
+
+def test_train_is_the_default_mode(throughput):
+    args = throughput.parse_args(["backend=poly"])
+    assert (args.mode, args.overrides, args.seconds, args.warmup, args.backends) == (
+        "train",
+        ["backend=poly"],
+        90.0,
+        20.0,
+        None,
+    )
+    assert throughput.parse_args([]).mode == "train"
+    assert throughput.parse_args(["--seconds", "120"]).seconds == 120.0
+
+
+def test_hydra_overrides_may_follow_a_list_option(throughput):
+    args = throughput.parse_args(["pipeline", "--learner", "cli", "--envs", "4", "64", "experiment=cartpole"])
+    assert (args.mode, args.envs, args.learner, args.overrides) == ("pipeline", [4, 64], "cli", ["experiment=cartpole"])
+    args = throughput.parse_args(["train", "--backends", "mono", "poly", "backend.num_actors=16", "--warmup", "30"])
+    assert (args.backends, args.warmup, args.overrides) == (["mono", "poly"], 30.0, ["backend.num_actors=16"])
+    args = throughput.parse_args(["scaling", "--actors", "4", "8", "--backend", "mono"])
+    assert (args.clients, args.backend, args.seconds, args.warmup) == ([4, 8], "mono", 40.0, 20.0)
+
+
+@pytest.mark.parametrize("mode, option", [("train", "--backends"), ("scaling", "--actors"), ("pipeline", "--learner")])
+def test_each_mode_has_help(throughput, capsys, mode, option):
+    with pytest.raises(SystemExit) as exited:
+        throughput.parse_args([mode, "--help"])
+    assert exited.value.code == 0
+    page = capsys.readouterr().out
+    assert f" {mode} [-h]" in page and option in page
+
+
+def test_breakdown_divides_each_part_by_the_steps_it_served(throughput):
+    # an update every 640 steps; central inference over 8 envs a pass
+    rows = [
+        dict(step=640 * i, update_ms="64", gather_ms="6.4", inference_ms="0.8", inference_batch_size="8")
+        for i in range(1, 4)
+    ]
+    rows[0]["server_us_per_step"] = "30"
+    assert throughput.breakdown(rows, raw_env_sps=2000) == pytest.approx(
+        {
+            "env (raw, one core)": 500.0,
+            "central inference (mean batch 8.0)": 100.0,
+            "transport + assembly (server)": 30.0,
+            "batch gathering (learner)": 10.0,
+            "learner update": 100.0,
+        }
+    )
+
+
+def test_scaling_shows_a_dash_for_what_the_backend_does_not_log(throughput, monkeypatch, capsys):
+    rows = [dict(step=640 * i, time_s=float(i), learner_queue_size="3") for i in range(3)]  # no inference columns
+    run = throughput.Run(rc=0, wall=60.0, peak=0, gpu="no GPU", last_step=1280, rows=rows, sps=640.0)
+    asked = []
+    monkeypatch.setattr(throughput, "measure", lambda overrides, warmup, seconds: asked.append(overrides) or run)
+    monkeypatch.setattr(throughput, "platform_line", lambda: "test machine")
+    throughput.scaling_mode(throughput.parse_args(["scaling", "--backend", "mono", "--actors", "4", "8", "env.id=X"]))
+    assert asked == [["backend=mono", f"backend.num_actors={n}", "env.id=X"] for n in (4, 8)]
+    table = capsys.readouterr().out.splitlines()[2:]
+    assert table[0].split() == ["actors", "steps/s", "inference", "batch", "inference", "ms", "learner", "queue"]
+    assert [line.split() for line in table[1:]] == [["4", "640", "-", "-", "3.0"], ["8", "640", "-", "-", "3.0"]]
+
+
+@pytest.mark.slow
+def test_pipeline_mode_runs(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "throughput.py"),
+            "pipeline",
+            *("--clients", "1", "--envs", "4", "--warmup", "1", "--seconds", "2"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=cli_env(),
+    )
+    assert result.returncode == 0, result.stderr
+    row = result.stdout.splitlines()[-1].split()
+    assert row[:2] == ["1", "4"]
+    assert float(row[2].replace(",", "")) > 0  # env-steps/s
