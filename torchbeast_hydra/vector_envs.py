@@ -116,6 +116,18 @@ def envs_maker(cfg: EnvConfig, num_threads: int = 1):
     return AtariVectorEnvs(cfg, num_threads) if vector_env_applies(cfg) else GymnasiumEnvs(cfg)
 
 
+def _pad_with_first_frame(frames: np.ndarray, steps: np.ndarray) -> None:
+    """Fills the stack slots before a game's first frame with that frame, in place, as gymnasium's
+    FrameStackObservation (and TorchBeast's FrameStack) do; ale-py 0.12 leaves them zero.
+
+    frames: [num_envs, frame_stack, H, W]; steps: agent steps since each env's game started.
+    """
+    stack = frames.shape[1]
+    for i in np.flatnonzero(steps < stack - 1):  # only games a few steps old
+        first = stack - 1 - steps[i]
+        frames[i, :first] = frames[i, first]
+
+
 class AtariVectorEnvironments:
     """num_envs Atari games in one native vector env, with Environments' outputs and semantics."""
 
@@ -135,6 +147,8 @@ class AtariVectorEnvironments:
 
     def initial(self) -> dict:
         obs, info = self.env.reset(seed=self.seed)
+        self._steps[...] = 0
+        _pad_with_first_frame(obs, self._steps)
         self.out["frame"] = obs  # no copy: a client encodes each step before it takes the next
         self._lives[...] = info["lives"]
         self.out["done"][:] = True
@@ -158,6 +172,7 @@ class AtariVectorEnvironments:
         out["episode_step"][...] = self._steps
         self._return[game_over] = 0.0
         self._steps[game_over] = 0
+        _pad_with_first_frame(obs, self._steps)
         out["frame"] = obs  # SameStep autoreset: an ended game's first frame of the next
         return out
 
