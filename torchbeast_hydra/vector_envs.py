@@ -1,15 +1,16 @@
 """Many Atari envs stepped by ale-py's native AtariVectorEnv (a C++ thread pool), for env clients.
 
 It reproduces envs.Environments for Atari ids: the same preprocessing done natively, from the
-same settings (config.atari_settings: noop starts, frame skip with max-pooling, grayscale
-screen_size^2 frames, a stack of frame_stack, FIRE on reset, sticky actions), the same outputs
-[num_envs, ...] with raw rewards (the learner clips), `done` on a lost life with episodic_life
-while the game goes on, and `episode_return` over the whole game. tests/test_atari_parity.py
-compares the two frame by frame; where they cannot be identical (FIRE on reset lasts one frame
-here, one agent step there; the noop starts' random counts) its docstring says so. One thing it
-cannot do is press FIRE after a lost life (Environments does, with episodic_life and fire_reset);
-games that need that (FIRE and lives, e.g. Breakout) keep the gymnasium path, as does every
-non-Atari id and any env.make_kwargs.
+same settings (config.atari_settings, through native_kwargs: no-op starts, frame skip with
+max-pooling, grayscale screen_size^2 frames, a stack of frame_stack that starts with copies of a
+game's first frame, FIRE on reset, sticky actions), the same outputs [num_envs, ...] with raw
+rewards (the learner clips), `done` on a lost life with episodic_life while the game goes on,
+and `episode_return` over the whole game. tests/test_atari_parity.py compares the two step by
+step: identical without no-op starts and FIRE on reset; its docstring says why those two differ
+(random no-op counts from other generators; FIRE lasts one frame here, one agent step there).
+One thing it cannot do is press FIRE after a lost life (Environments does, with episodic_life
+and fire_reset); games that need that (FIRE and lives, e.g. Breakout) keep the gymnasium path,
+as does every non-Atari id and any env.make_kwargs.
 
 `envs_maker(cfg)` picks the maker for an env config: this one where it applies, else
 envs.Environments.
