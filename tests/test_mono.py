@@ -196,10 +196,10 @@ def test_resume_survives_config_fields_added_since(tiny_run):
         del state["config"][group][key]
     del state["env"]  # older checkpoints did not record the env's spaces either
     checkpoint.save(path, state)
-    result = run_cli(tiny_run, *TINY, "total_steps=3200", "env.sticky_action_prob=0.5")
+    result = run_cli(tiny_run, *TINY, "total_steps=3200", "+env.make_kwargs.max_episode_steps=600")
     assert "Resuming from" in (tiny_run / "torchbeast.log").read_text()
     assert steps(tiny_run)[-1] == 3200
-    assert "env.sticky_action_prob=0.5" in result.stdout + result.stderr  # said, not refused
+    assert "env.make_kwargs={'max_episode_steps': 600}" in result.stdout + result.stderr  # said, not refused
 
 
 def test_resume_in_another_env_with_the_same_spaces_is_refused(tiny_run):
