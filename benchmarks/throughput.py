@@ -86,10 +86,10 @@ def measure(overrides: list, warmup: float, seconds: float) -> Run:
 
 def env_steps_per_second(env_id: str, seconds: float = 5.0) -> float:
     """One env on one core, random actions: what a core can give at most."""
-    from torchbeast_hydra.config import EnvConfig
+    from torchbeast_hydra.config import AtariEnvConfig
     from torchbeast_hydra.envs import Environments
 
-    envs = Environments(EnvConfig(id=env_id), 1, seed=0, episodic_life=True)
+    envs = Environments(AtariEnvConfig(id=env_id), 1, seed=0)
     envs.initial()
     rng = np.random.default_rng(0)
     actions = rng.integers(0, envs.spec.num_actions, size=(100_000, 1))

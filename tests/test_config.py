@@ -2,7 +2,16 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from torchbeast_hydra.config import ConfigError, OptimName, PolyRole, num_buffers, to_plain_dict, validate
+from torchbeast_hydra.config import (
+    AtariPreprocessing,
+    ConfigError,
+    OptimName,
+    PolyRole,
+    atari_settings,
+    num_buffers,
+    to_plain_dict,
+    validate,
+)
 
 from conftest import compose_config, run_cli
 
@@ -62,6 +71,25 @@ def test_every_env_preset_names_a_registered_env(env):
     gym.spec(cfg.env.id)
 
 
+@pytest.mark.parametrize("env", ["pong", "breakout", "space_invaders", "seaquest", "qbert", "beam_rider", "ms_pacman"])
+def test_atari_env_options_take_the_atari_settings(env):
+    cfg = compose_config([f"env={env}", "env.sticky_action_prob=0.25", "env.noop_max=0"])
+    assert atari_settings(cfg.env) == AtariPreprocessing(sticky_action_prob=0.25, noop_max=0)
+
+
+def test_cartpole_shows_no_atari_settings_and_an_atari_id_on_it_gets_their_defaults():
+    cfg = compose_config(["env=cartpole"])
+    assert set(cfg.env) == {"id", "imports", "make_kwargs"}
+    with pytest.raises(ConfigCompositionException):
+        compose_config(["env=cartpole", "env.sticky_action_prob=0.25"])
+    breakout = compose_config(["env=cartpole", "env.id=ALE/Breakout-v5"])
+    validate(breakout)
+    assert atari_settings(breakout.env) == AtariPreprocessing()
+    cartpole_on_pong = compose_config(["env.id=CartPole-v1", "env.frame_skip=2"])  # kept, ignored by a non-Atari id
+    validate(cartpole_on_pong)
+    assert atari_settings(cartpole_on_pong.env).frame_skip == 2
+
+
 @pytest.mark.parametrize("override", ["unroll_lenght=5", "env.idd=CartPole-v1", "optim.lr=0.1"])
 def test_unknown_keys_fail_at_composition(override):
     with pytest.raises(ConfigCompositionException):
@@ -93,6 +121,8 @@ def test_wrong_types_fail_at_composition(override):
         (["backend=poly", "backend.max_batch_size=0"], "max_batch_size"),
         (["backend=poly", "backend.envs_per_actor=300"], "max_envs_per_client"),
         (["backend=poly", "backend.num_actors=-1"], "num_actors"),
+        (["env.frame_stack=0"], "frame_stack"),
+        (["env=breakout", "env.sticky_action_prob=1.5"], "sticky_action_prob"),
     ],
 )
 def test_out_of_range_values_fail_validation(overrides, message):

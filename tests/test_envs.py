@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from torchbeast_hydra.config import ConfigError, EnvConfig
+from torchbeast_hydra.config import AtariEnvConfig, ConfigError, EnvConfig
 from torchbeast_hydra.envs import Environments, is_atari, make_env, probe_env
 
 
@@ -14,7 +14,7 @@ def test_atari_preprocessing_matches_torchbeast():
 
 def test_sticky_actions_are_off_by_default_and_configurable():
     for prob in (0.0, 0.25):
-        env = make_env(EnvConfig(id="ALE/Pong-v5", sticky_action_prob=prob))
+        env = make_env(AtariEnvConfig(id="ALE/Pong-v5", sticky_action_prob=prob))
         assert env.unwrapped.ale.getFloat("repeat_action_probability") == pytest.approx(prob)
         env.close()
 
@@ -38,7 +38,7 @@ def test_continuous_actions_are_refused_clearly():
 
 
 def test_episodic_life_ends_learning_episodes_but_logs_full_game_return():
-    envs = Environments(EnvConfig(id="ALE/Breakout-v5"), 1, seed=3, episodic_life=True)
+    envs = Environments(EnvConfig(id="ALE/Breakout-v5"), 1, seed=3)
     envs.initial()
     rng = np.random.default_rng(0)
     dones, total_reward = 0, 0.0
@@ -58,7 +58,7 @@ def test_episodic_life_ends_learning_episodes_but_logs_full_game_return():
 
 
 def test_environments_step_in_lockstep_with_preallocated_outputs():
-    envs = Environments(EnvConfig(id="CartPole-v1"), 3, seed=0, episodic_life=True)
+    envs = Environments(EnvConfig(id="CartPole-v1"), 3, seed=0)
     first = envs.initial()
     assert first["done"].all() and first["frame"].shape == (3, 4)
     frame_buffer = first["frame"]
@@ -71,7 +71,7 @@ def test_environments_step_in_lockstep_with_preallocated_outputs():
 
 def test_seeds_make_env_outputs_reproducible():
     def trajectory():
-        envs = Environments(EnvConfig(id="ALE/Pong-v5"), 1, seed=7, episodic_life=True)
+        envs = Environments(EnvConfig(id="ALE/Pong-v5"), 1, seed=7)
         frames = [envs.initial()["frame"].copy()]
         for action in [1, 2, 3, 0, 2] * 4:
             frames.append(envs.step(np.array([action]))["frame"].copy())

@@ -35,7 +35,7 @@ def breakout_eval_envs(*overrides):
     cfg = compose_config(["mode=test", *overrides])
     state = dict(config=dict(env=dict(id="ALE/Breakout-v5"), model={}))
     env_cfg = eval_env_config(cfg, state)
-    return env_cfg, Environments(env_cfg, 1, seed=0, episodic_life=env_cfg.episodic_life)
+    return env_cfg, Environments(env_cfg, 1, seed=0)
 
 
 def test_a_policy_that_never_fires_still_finishes_breakout_games():
@@ -62,7 +62,7 @@ def test_sticky_actions_for_evaluation_only():
 
 
 def test_a_cut_game_is_not_replayed():
-    envs = Environments(EnvConfig(id="CartPole-v1"), 1, seed=0, episodic_life=False)
+    envs = Environments(EnvConfig(id="CartPole-v1"), 1, seed=0)
     policy = FixedPolicy(action=0)
     returns, lengths = play(policy, envs, num_episodes=3, max_episode_steps=3, action="greedy")
     envs.close()

@@ -22,7 +22,7 @@ def test_specs_resolve_the_env_spaces():
 
 
 def test_every_consumer_derives_its_keys_from_the_layout():
-    envs = Environments(EnvConfig(id="CartPole-v1"), 2, seed=0, episodic_life=False)
+    envs = Environments(EnvConfig(id="CartPole-v1"), 2, seed=0)
     try:
         out = envs.initial()
         assert list(out) == list(layout.ENV_KEYS)

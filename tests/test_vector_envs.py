@@ -4,7 +4,7 @@ semantics (done on a lost life, whole-game returns), and only where it reproduce
 import numpy as np
 import pytest
 
-from torchbeast_hydra.config import EnvConfig
+from torchbeast_hydra.config import AtariEnvConfig, EnvConfig
 from torchbeast_hydra.envs import Environments
 from torchbeast_hydra.vector_envs import AtariVectorEnvs, GymnasiumEnvs, ale_game, envs_maker, vector_env_applies
 
@@ -25,14 +25,14 @@ def test_game_names_follow_ale_py():
     ],
 )
 def test_the_native_env_is_used_only_where_it_reproduces_ours(env_id, episodic_life, applies):
-    cfg = EnvConfig(id=env_id, episodic_life=episodic_life)
+    cfg = AtariEnvConfig(id=env_id, episodic_life=episodic_life)
     assert vector_env_applies(cfg) is applies
     assert isinstance(envs_maker(cfg), AtariVectorEnvs if applies else GymnasiumEnvs)
 
 
 def test_outputs_match_environments_in_keys_shapes_and_dtypes():
     cfg = EnvConfig(id="ALE/Pong-v5")
-    ours, native = Environments(cfg, 2, seed=1, episodic_life=True), AtariVectorEnvs(cfg)(2, seed=1)
+    ours, native = Environments(cfg, 2, seed=1), AtariVectorEnvs(cfg)(2, seed=1)
     try:
         a, b = ours.initial(), native.initial()
         assert {k: (v.shape, v.dtype) for k, v in a.items()} == {k: (v.shape, v.dtype) for k, v in b.items()}

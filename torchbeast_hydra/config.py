@@ -12,7 +12,7 @@ import difflib
 import enum
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -45,20 +45,40 @@ class RewardClipping(enum.Enum):
 
 @dataclass
 class EnvConfig:
+    """What every env has; conf/env/cartpole.yaml extends it, Atari games extend AtariEnvConfig."""
+
     id: str = "ALE/Pong-v5"  # any gymnasium id, also gymnasium's "module:EnvId" form
     # Modules to import before making envs, in every process that makes them: your gym.register calls.
     imports: List[str] = field(default_factory=list)
-    # Atari preprocessing (grayscale frames), as TorchBeast used it; ignored for non-Atari ids.
-    noop_max: int = 30
-    frame_skip: int = 4
-    screen_size: int = 84
-    frame_stack: int = 4
-    episodic_life: bool = True  # a lost life ends the episode for learning, not for logging
-    fire_reset: bool = True  # press FIRE after reset in games that need it
-    sticky_action_prob: float = 0.0
-    full_action_space: bool = False
     # Extra keyword arguments for gymnasium.make.
     make_kwargs: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class AtariPreprocessing:
+    """TorchBeast's Atari preprocessing (grayscale frames), declared once: both env makers
+    (envs.make_env and vector_envs' native AtariVectorEnv) read it through atari_settings."""
+
+    noop_max: int = 30  # a reset is followed by 1 to noop_max no-op frames: varied starts
+    frame_skip: int = 4  # each action repeats for this many frames; the last two are max-pooled
+    screen_size: int = 84  # frames are resized to screen_size x screen_size
+    frame_stack: int = 4  # an observation is the last frame_stack frames
+    episodic_life: bool = True  # a lost life ends the episode for learning, not for logging
+    fire_reset: bool = True  # press FIRE after reset in games that need it
+    sticky_action_prob: float = 0.0  # ALE's repeat_action_probability (0.25: Machado et al. 2018)
+    full_action_space: bool = False  # all 18 actions instead of the game's minimal set
+
+
+@dataclass
+class AtariEnvConfig(AtariPreprocessing, EnvConfig):
+    """An Atari game (conf/env/pong.yaml and the others): what every env has, and the preprocessing."""
+
+
+def atari_settings(env_cfg) -> AtariPreprocessing:
+    """The Atari preprocessing of any env config: its own settings, the defaults for those its schema
+    lacks (e.g. env.id=ALE/Breakout-v5 typed on env=cartpole, whose schema has none)."""
+    given = {f.name: getattr(env_cfg, f.name) for f in fields(AtariPreprocessing) if hasattr(env_cfg, f.name)}
+    return AtariPreprocessing(**given)
 
 
 @dataclass
@@ -260,6 +280,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     cs.store(group="env", name="base_env", node=EnvConfig)
+    cs.store(group="env", name="base_atari_env", node=AtariEnvConfig)
     cs.store(group="model", name="base_model", node=ModelConfig)
     cs.store(group="model", name="base_atari_net", node=AtariNetConfig)
     cs.store(group="model", name="base_resnet", node=ResNetConfig)
@@ -427,10 +448,11 @@ def validate(cfg) -> None:
         "e.g. model._target_=my_pkg.models.MyBody (see the README's Extending section).",
     )
     _check(cfg.model.get("lstm_layers", 1) >= 1, "model.lstm_layers must be at least 1.")
-    _check(cfg.env.frame_stack >= 1 and cfg.env.frame_skip >= 1, "env.frame_stack and env.frame_skip must be >= 1.")
-    _check(0.0 <= cfg.env.sticky_action_prob <= 1.0, "env.sticky_action_prob must be in [0, 1].")
-    _check(cfg.env.noop_max >= 0, "env.noop_max must be >= 0.")
-    _check(cfg.env.screen_size >= 1, "env.screen_size must be at least 1.")
+    atari = atari_settings(cfg.env)
+    _check(atari.frame_stack >= 1 and atari.frame_skip >= 1, "env.frame_stack and env.frame_skip must be >= 1.")
+    _check(0.0 <= atari.sticky_action_prob <= 1.0, "env.sticky_action_prob must be in [0, 1].")
+    _check(atari.noop_max >= 0, "env.noop_max must be >= 0.")
+    _check(atari.screen_size >= 1, "env.screen_size must be at least 1.")
     _check(cfg.logger.log_interval_s > 0, "logger.log_interval_s must be positive.")
     _check(cfg.test.max_episode_steps >= 1, "test.max_episode_steps must be at least 1.")
     sticky = cfg.test.sticky_action_prob

@@ -1,5 +1,10 @@
 """Environments: any gymnasium id, with TorchBeast's Atari preprocessing for ALE games.
 
+The preprocessing's settings are declared once, in config.AtariPreprocessing (env.noop_max,
+env.frame_skip, ...); `make_env` and `Environments` read them through config.atari_settings, as
+vector_envs' native maker does, so both give the agent the same observations
+(tests/test_atari_parity.py). Non-Atari ids ignore them.
+
 `make_env` builds one gymnasium env. Your own envs: list the modules that register them in
 `env.imports` (or use gymnasium's `module:EnvId` form for env.id); every process that makes envs
 (the learner's probe, mono actors, poly clients here or on other machines) imports them first.
@@ -23,7 +28,7 @@ import gymnasium as gym
 import numpy as np
 
 from . import layout
-from .config import ConfigError, EnvConfig
+from .config import ConfigError, EnvConfig, atari_settings
 
 
 def _register_ale() -> None:
@@ -63,7 +68,10 @@ def find_spec(env_id: str, imports=()) -> gym.envs.registration.EnvSpec:
 
 
 def is_atari(env_id: str, imports=()) -> bool:
-    spec = find_spec(env_id, imports)
+    return _is_ale(find_spec(env_id, imports))
+
+
+def _is_ale(spec: gym.envs.registration.EnvSpec) -> bool:
     return isinstance(spec.entry_point, str) and spec.entry_point.startswith("ale_py")
 
 
@@ -94,13 +102,13 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
     kwargs = dict(cfg.make_kwargs)
     if render_mode is not None:  # only when asked: a user's env need not take the argument
         kwargs["render_mode"] = render_mode
-    atari = isinstance(spec.entry_point, str) and spec.entry_point.startswith("ale_py")
-    if atari:
+    atari = atari_settings(cfg) if _is_ale(spec) else None
+    if atari is not None:
         # Frame skipping and max-pooling happen in AtariPreprocessing, so the raw env must not skip.
         kwargs.update(
             frameskip=1,
-            repeat_action_probability=cfg.sticky_action_prob,
-            full_action_space=cfg.full_action_space,
+            repeat_action_probability=atari.sticky_action_prob,
+            full_action_space=atari.full_action_space,
         )
     try:
         env = gym.make(spec, **kwargs)
@@ -112,19 +120,19 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
             f"could not create env.id={cfg.id!r}: {type(error).__name__}: {error}. "
             "Check env.id and env.make_kwargs (the traceback follows); Atari ROMs ship with ale-py>=0.9."
         ) from error
-    if atari:
+    if atari is not None:
         env = gym.wrappers.AtariPreprocessing(
             env,
-            noop_max=cfg.noop_max,
-            frame_skip=cfg.frame_skip,
-            screen_size=cfg.screen_size,
+            noop_max=atari.noop_max,
+            frame_skip=atari.frame_skip,
+            screen_size=atari.screen_size,
             terminal_on_life_loss=False,  # handled by Environments, without resetting the game
             grayscale_obs=True,
             scale_obs=False,  # uint8 frames: 4x less memory in buffers and on the wire
         )
-        if cfg.fire_reset and "FIRE" in env.unwrapped.get_action_meanings():
+        if atari.fire_reset and "FIRE" in env.unwrapped.get_action_meanings():
             env = FireOnReset(env)
-        env = gym.wrappers.FrameStackObservation(env, cfg.frame_stack)
+        env = gym.wrappers.FrameStackObservation(env, atari.frame_stack)
     return env
 
 
@@ -162,15 +170,20 @@ def probe_env(cfg: EnvConfig) -> EnvSpec:
 
 
 class Environments:
-    """A few envs stepped in lockstep; outputs are preallocated arrays [num_envs, ...]."""
+    """A few envs stepped in lockstep; outputs are preallocated arrays [num_envs, ...].
 
-    def __init__(self, cfg: EnvConfig, num_envs: int, seed: int, episodic_life: bool, render_mode: str | None = None):
+    Life losses (Atari ids, env.episodic_life): `done` while the game goes on, and FIRE pressed
+    after one where the game needs it (env.fire_reset), as at a reset.
+    """
+
+    def __init__(self, cfg: EnvConfig, num_envs: int, seed: int, render_mode: str | None = None):
         self.envs = [make_env(cfg, render_mode) for _ in range(num_envs)]
         self.spec = env_spec(self.envs[0], cfg.id)
         self.seeds = [seed + i for i in range(num_envs)]
-        self.episodic_life = episodic_life and is_atari(cfg.id, cfg.imports)
+        atari = atari_settings(cfg)
+        self.episodic_life = atari.episodic_life and is_atari(cfg.id, cfg.imports)
         self.fire_after_life_loss = (
-            self.episodic_life and cfg.fire_reset and "FIRE" in self.envs[0].unwrapped.get_action_meanings()
+            self.episodic_life and atari.fire_reset and "FIRE" in self.envs[0].unwrapped.get_action_meanings()
         )
         n = num_envs
         self.out = layout.env_outputs(self.spec, n)  # the rollout layout's env keys, one row per env

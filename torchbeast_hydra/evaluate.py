@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from . import checkpoint
-from .config import ConfigError, EnvConfig
+from .config import AtariEnvConfig, ConfigError, EnvConfig, atari_settings
 from .envs import Environments, is_atari
 from .metrics import CsvLog
 from .models import make_model, saved_model_config
@@ -37,9 +37,7 @@ def evaluate(cfg, run_dir: Path) -> dict:
     model_cfg = saved_model_config(state["config"]["model"])
     record = cfg.test.record_video
     # Life losses as in training: FIRE after one where the game needs it, and `done` for the model.
-    envs = Environments(
-        env_cfg, 1, seed=cfg.seed, episodic_life=env_cfg.episodic_life, render_mode="rgb_array" if record else None
-    )
+    envs = Environments(env_cfg, 1, seed=cfg.seed, render_mode="rgb_array" if record else None)
     if record:
         envs.envs[0] = _record_video(envs.envs[0], run_dir / "videos")
     model = make_model(model_cfg, envs.spec)
@@ -53,6 +51,7 @@ def evaluate(cfg, run_dir: Path) -> dict:
         returns, lengths = play(model, envs, cfg.test.num_episodes, cfg.test.max_episode_steps, action)
     finally:
         envs.close()
+    atari = atari_settings(env_cfg) if is_atari(env_cfg.id, env_cfg.imports) else None  # the protocol's settings
     result = dict(
         step=state["step"],
         episodes=len(returns),
@@ -64,10 +63,10 @@ def evaluate(cfg, run_dir: Path) -> dict:
         seconds=round(time.monotonic() - started, 2),
         # The protocol, so that figures from different evaluations are never mixed up.
         greedy=cfg.test.greedy,
-        sticky_action_prob=env_cfg.sticky_action_prob if is_atari(env_cfg.id) else "",
+        sticky_action_prob=atari.sticky_action_prob if atari else "",
         max_episode_steps=cfg.test.max_episode_steps,
         episodic_life=envs.episodic_life,
-        noop_max=env_cfg.noop_max if is_atari(env_cfg.id) else "",
+        noop_max=atari.noop_max if atari else "",
         seed=cfg.seed,
     )
     _append_row(run_dir / "eval.csv", result)
@@ -81,8 +80,12 @@ def evaluate(cfg, run_dir: Path) -> dict:
 
 
 def eval_env_config(cfg, state: dict) -> EnvConfig:
-    """The trained run's env, with test mode's protocol (sticky actions) on top."""
-    env_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EnvConfig), state["config"]["env"]))
+    """The trained run's env, with test mode's protocol (sticky actions) on top.
+
+    Read with the Atari schema whatever the id: a run's saved env may hold the Atari settings
+    (older runs saved them for every env) or not; non-Atari ids ignore them.
+    """
+    env_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AtariEnvConfig), state["config"]["env"]))
     if cfg.test.sticky_action_prob is not None:
         env_cfg.sticky_action_prob = cfg.test.sticky_action_prob
     return env_cfg

@@ -134,7 +134,7 @@ def actor_main(env_cfg, num_envs, seed, unroll_length, model, buffers, state_buf
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the learner, which stops us
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # SLURM signals the whole job; the parent handles it
     torch.manual_seed(seed)
-    envs = Environments(env_cfg, num_envs, seed=seed, episodic_life=env_cfg.episodic_life)
+    envs = Environments(env_cfg, num_envs, seed=seed)
     try:
         _act(envs, unroll_length, model, buffers, state_buffers, conn)
     except (EOFError, ConnectionError, KeyboardInterrupt):

@@ -1,11 +1,16 @@
 """Many Atari envs stepped by ale-py's native AtariVectorEnv (a C++ thread pool), for env clients.
 
-It reproduces envs.Environments for Atari ids: the same preprocessing done natively (noop
-starts, frame skip with max-pooling, grayscale 84x84, a stack of 4, FIRE on reset), the same
-outputs [num_envs, ...], `done` on a lost life with episodic_life while the game goes on, and
-`episode_return` over the whole game. One thing it cannot do is press FIRE after a lost life
-(Environments does, with episodic_life and fire_reset); games that need that (FIRE and lives,
-e.g. Breakout) keep the gymnasium path, as does every non-Atari id and any env.make_kwargs.
+It reproduces envs.Environments for Atari ids: the same preprocessing done natively, from the
+same settings (config.atari_settings, through native_kwargs: no-op starts, frame skip with
+max-pooling, grayscale screen_size^2 frames, a stack of frame_stack that starts with copies of a
+game's first frame, FIRE on reset, sticky actions), the same outputs [num_envs, ...] with raw
+rewards (the learner clips), `done` on a lost life with episodic_life while the game goes on,
+and `episode_return` over the whole game. tests/test_atari_parity.py compares the two step by
+step: identical without no-op starts and FIRE on reset; its docstring says why those two differ
+(random no-op counts from other generators; FIRE lasts one frame here, one agent step there).
+One thing it cannot do is press FIRE after a lost life (Environments does, with episodic_life
+and fire_reset); games that need that (FIRE and lives, e.g. Breakout) keep the gymnasium path,
+as does every non-Atari id and any env.make_kwargs.
 
 `envs_maker(cfg)` picks the maker for an env config: this one where it applies, else
 envs.Environments.
@@ -18,7 +23,7 @@ import re
 import numpy as np
 
 from . import layout
-from .config import EnvConfig
+from .config import EnvConfig, atari_settings
 from .envs import Environments, EnvSpec, env_spec, is_atari, make_env, probe_env
 
 
@@ -36,7 +41,7 @@ class GymnasiumEnvs:
         self.spec = probe_env(cfg)
 
     def __call__(self, num_envs: int, seed: int) -> Environments:
-        return Environments(self.cfg, num_envs, seed=seed, episodic_life=self.cfg.episodic_life)
+        return Environments(self.cfg, num_envs, seed=seed)
 
 
 class AtariVectorEnvs:
@@ -51,27 +56,31 @@ class AtariVectorEnvs:
         return AtariVectorEnvironments(self.cfg, self.spec, num_envs, seed, self.num_threads)
 
 
+def native_kwargs(cfg: EnvConfig) -> dict:
+    """AtariVectorEnv's preprocessing arguments for an env config: envs.make_env's, natively."""
+    atari = atari_settings(cfg)
+    return dict(
+        repeat_action_probability=atari.sticky_action_prob,
+        full_action_space=atari.full_action_space,
+        img_height=atari.screen_size,
+        img_width=atari.screen_size,
+        grayscale=True,
+        stack_num=atari.frame_stack,
+        frameskip=atari.frame_skip,
+        maxpool=True,
+        noop_max=atari.noop_max,
+        episodic_life=False,  # a lost life is `done` here (AtariVectorEnvironments), never a reset
+        life_loss_info=False,
+        reward_clipping=False,  # raw rewards, as Environments gives them: the learner clips
+        use_fire_reset=atari.fire_reset,
+    )
+
+
 def _native(cfg: EnvConfig, num_envs: int, num_threads: int):
     from ale_py.vector_env import AtariVectorEnv
 
     return AtariVectorEnv(
-        ale_game(cfg.id),
-        num_envs,
-        num_threads=num_threads,
-        autoreset_mode="SameStep",
-        repeat_action_probability=cfg.sticky_action_prob,
-        full_action_space=cfg.full_action_space,
-        img_height=cfg.screen_size,
-        img_width=cfg.screen_size,
-        grayscale=True,
-        stack_num=cfg.frame_stack,
-        frameskip=cfg.frame_skip,
-        maxpool=True,
-        noop_max=cfg.noop_max,
-        episodic_life=False,
-        life_loss_info=False,
-        reward_clipping=False,
-        use_fire_reset=cfg.fire_reset,
+        ale_game(cfg.id), num_envs, num_threads=num_threads, autoreset_mode="SameStep", **native_kwargs(cfg)
     )
 
 
@@ -87,7 +96,8 @@ def vector_env_applies(cfg: EnvConfig) -> bool:
         spec = env_spec(env, cfg.id)
     finally:
         env.close()
-    if cfg.episodic_life and cfg.fire_reset and has_fire and has_lives:
+    atari = atari_settings(cfg)
+    if atari.episodic_life and atari.fire_reset and has_fire and has_lives:
         return False  # Environments presses FIRE after a lost life; the native env cannot
     try:
         native = _native(cfg, 1, 1)
@@ -107,6 +117,18 @@ def envs_maker(cfg: EnvConfig, num_threads: int = 1):
     return AtariVectorEnvs(cfg, num_threads) if vector_env_applies(cfg) else GymnasiumEnvs(cfg)
 
 
+def _pad_with_first_frame(frames: np.ndarray, steps: np.ndarray) -> None:
+    """Fills the stack slots before a game's first frame with that frame, in place, as gymnasium's
+    FrameStackObservation (and TorchBeast's FrameStack) do; ale-py 0.12 leaves them zero.
+
+    frames: [num_envs, frame_stack, H, W]; steps: agent steps since each env's game started.
+    """
+    stack = frames.shape[1]
+    for i in np.flatnonzero(steps < stack - 1):  # only games a few steps old
+        first = stack - 1 - steps[i]
+        frames[i, :first] = frames[i, first]
+
+
 class AtariVectorEnvironments:
     """num_envs Atari games in one native vector env, with Environments' outputs and semantics."""
 
@@ -114,7 +136,7 @@ class AtariVectorEnvironments:
         self.env = _native(cfg, num_envs, num_threads)
         self.spec = spec
         self.seed = seed
-        self.episodic_life = cfg.episodic_life
+        self.episodic_life = atari_settings(cfg).episodic_life
         n = num_envs
         self.out = layout.env_outputs(spec, n)  # the rollout layout's env keys, as Environments has them
         self._return = np.zeros(n, np.float32)
@@ -126,6 +148,8 @@ class AtariVectorEnvironments:
 
     def initial(self) -> dict:
         obs, info = self.env.reset(seed=self.seed)
+        self._steps[...] = 0
+        _pad_with_first_frame(obs, self._steps)
         self.out["frame"] = obs  # no copy: a client encodes each step before it takes the next
         self._lives[...] = info["lives"]
         self.out["done"][:] = True
@@ -149,6 +173,7 @@ class AtariVectorEnvironments:
         out["episode_step"][...] = self._steps
         self._return[game_over] = 0.0
         self._steps[game_over] = 0
+        _pad_with_first_frame(obs, self._steps)
         out["frame"] = obs  # SameStep autoreset: an ended game's first frame of the next
         return out
 
