@@ -109,7 +109,7 @@ class VtraceConfig:
     # Weight of the entropy bonus. MonoBeast's 0.0006 never learned Pong: see docs/defaults.md.
     entropy_cost: float = 0.01
     reward_clipping: RewardClipping = RewardClipping.abs_one
-    clip_rho_threshold: Optional[float] = 1.0  # rho-bar, for the value targets; null: no clipping
+    clip_rho_threshold: Optional[float] = 1.0  # rho-bar of the value targets; null: no clipping
     clip_pg_rho_threshold: Optional[float] = 1.0  # rho-bar for the policy gradient's advantages; null: no clipping
     # Your own loss terms, added to IMPALA's: name (ending in _loss, logged under it) ->
     # {fn: module.function (LossInputs -> scalar tensor, see learner.py), cost: its weight}, e.g.
@@ -135,7 +135,7 @@ class RMSPropConfig(OptimConfig):
 
     name: OptimName = OptimName.rmsprop
     alpha: float = 0.99  # smoothing constant
-    momentum: float = 0.0
+    momentum: float = 0.0  # torch's RMSProp momentum; 0: none, as in IMPALA
     # The running mean of squared gradients starts here. torch starts it at 0, which makes the
     # first updates up to 1/sqrt(1 - alpha) = 10x the learning rate: on Atari that burst kills
     # most of the conv net's ReLUs before anything is learned. TensorFlow's RMSProp (IMPALA's
@@ -249,7 +249,7 @@ class LoggerConfig:
 class TestConfig:
     """mode=test: how a trained run's checkpoint is played."""
 
-    num_episodes: int = 10
+    num_episodes: int = 10  # games played; the mean return is reported
     greedy: bool = True  # argmax actions; false samples from the policy
     record_video: bool = False  # videos/ in the run dir
     # Agent steps before a game is cut: ALE's own cap, 108,000 frames at frame skip 4.
@@ -268,8 +268,8 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     test: TestConfig = field(default_factory=TestConfig)
 
-    mode: Mode = Mode.train
-    seed: int = 1
+    mode: Mode = Mode.train  # train | test
+    seed: int = 1  # the network's initialisation and every env's and actor's randomness derive from it
     total_steps: int = 20_000_000  # environment steps (agent steps, i.e. after frame skipping)
     batch_size: int = 8  # unrolls per learner step
     unroll_length: int = 20  # T: steps per unroll (80 in MonoBeast: see docs/defaults.md)
