@@ -1,8 +1,10 @@
 """Typed configuration: one dataclass per config group, registered in Hydra's ConfigStore.
 
-The YAML files under conf/ extend these schemas, so a misspelt key or a value of the wrong type
-fails when Hydra composes the config, before anything starts. `validate` adds the checks that
-types cannot express (ranges, and how values relate to each other).
+Every default lives here, once, with a comment that says what the field does. The YAML files
+under conf/ extend these schemas and hold only what their option changes (an env's id, a
+preset's values), so a misspelt key or a value of the wrong type fails when Hydra composes the
+config, before anything starts. `validate` adds the checks that types cannot express (ranges,
+and how values relate to each other).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ class ConfigError(ValueError):
 
 class Mode(enum.Enum):
     train = "train"
-    test = "test"
+    test = "test"  # play a trained run's checkpoint (see load_dir) and report its mean return
 
 
 class OptimName(enum.Enum):
@@ -39,7 +41,7 @@ class OnNonFinite(enum.Enum):
 
 
 class RewardClipping(enum.Enum):
-    abs_one = "abs_one"
+    abs_one = "abs_one"  # to [-1, 1], as in IMPALA on Atari
     none = "none"
 
 
@@ -47,7 +49,7 @@ class RewardClipping(enum.Enum):
 class EnvConfig:
     """What every env has; conf/env/cartpole.yaml extends it, Atari games extend AtariEnvConfig."""
 
-    id: str = "ALE/Pong-v5"  # any gymnasium id, also gymnasium's "module:EnvId" form
+    id: str = MISSING  # any gymnasium id, also gymnasium's "module:EnvId" form; each env option names its own
     # Modules to import before making envs, in every process that makes them: your gym.register calls.
     imports: List[str] = field(default_factory=list)
     # Extra keyword arguments for gymnasium.make.
@@ -90,44 +92,47 @@ class ModelConfig:
     the body's constructor before anything starts (models.make_model)."""
 
     _target_: str = MISSING  # the body class, e.g. my_pkg.models.MyBody
-    use_lstm: bool = False
-    lstm_layers: int = 1
+    use_lstm: bool = False  # an LSTM core between the body's features and the policy and baseline heads
+    lstm_layers: int = 1  # with use_lstm
 
 
 @dataclass
 class AtariNetConfig(ModelConfig):
-    """TorchBeast's shallow network."""
+    """TorchBeast's shallow network (3 conv layers + fc 512), for image observations."""
 
     _target_: str = "torchbeast_hydra.models.AtariNetBody"
-    lstm_layers: int = 2  # as in TorchBeast
-    output_size: int = 512
+    lstm_layers: int = 2  # with use_lstm, as in TorchBeast
+    output_size: int = 512  # features out of the fully connected layer
 
 
 @dataclass
 class ResNetConfig(ModelConfig):
-    """The IMPALA paper's deep network."""
+    """The IMPALA paper's deep network (3 residual stacks of 16, 32, 32 channels + fc 256)."""
 
     _target_: str = "torchbeast_hydra.models.ResNetBody"
-    channels: List[int] = field(default_factory=lambda: [16, 32, 32])
-    output_size: int = 256
+    channels: List[int] = field(default_factory=lambda: [16, 32, 32])  # one residual stack each
+    output_size: int = 256  # features out of the fully connected layer
 
 
 @dataclass
 class MLPConfig(ModelConfig):
-    """A multilayer perceptron for vector observations."""
+    """A multilayer perceptron for vector observations (e.g. CartPole)."""
 
     _target_: str = "torchbeast_hydra.models.MLPBody"
-    hidden_sizes: List[int] = field(default_factory=lambda: [64, 64])
+    hidden_sizes: List[int] = field(default_factory=lambda: [64, 64])  # one ReLU layer each
 
 
 @dataclass
 class VtraceConfig:
-    discounting: float = 0.99
-    baseline_cost: float = 0.5
+    """V-trace targets and the IMPALA losses, with the IMPALA paper's values."""
+
+    discounting: float = 0.99  # gamma
+    baseline_cost: float = 0.5  # weight of the value (baseline) loss
+    # Weight of the entropy bonus. MonoBeast's 0.0006 never learned Pong: see docs/defaults.md.
     entropy_cost: float = 0.01
     reward_clipping: RewardClipping = RewardClipping.abs_one
-    clip_rho_threshold: Optional[float] = 1.0
-    clip_pg_rho_threshold: Optional[float] = 1.0
+    clip_rho_threshold: Optional[float] = 1.0  # rho-bar of the value targets; null: no clipping
+    clip_pg_rho_threshold: Optional[float] = 1.0  # rho-bar for the policy gradient's advantages; null: no clipping
     # Your own loss terms, added to IMPALA's: name (ending in _loss, logged under it) ->
     # {fn: module.function (LossInputs -> scalar tensor, see learner.py), cost: its weight}, e.g.
     # +vtrace.extra_losses.kl_loss={fn:my_losses.kl_to_behaviour,cost:0.1}
@@ -139,31 +144,36 @@ class OptimConfig:
     """What every optimiser has; each has its own schema below, so a config shows only its fields."""
 
     name: OptimName = MISSING
-    learning_rate: float = 0.0006
-    epsilon: float = 0.01
-    grad_norm_clipping: float = 40.0
+    learning_rate: float = 0.0006  # the IMPALA paper's (MonoBeast: 0.00048)
+    epsilon: float = 0.01  # added to the denominator, for stability
+    grad_norm_clipping: float = 40.0  # the gradients' global norm is clipped to this
     anneal_lr: bool = True  # linearly to zero at total_steps
     on_nonfinite: OnNonFinite = OnNonFinite.skip  # a NaN/inf loss or gradient
 
 
 @dataclass
 class RMSPropConfig(OptimConfig):
+    """RMSProp as in TorchBeast and the IMPALA paper."""
+
     name: OptimName = OptimName.rmsprop
     alpha: float = 0.99  # smoothing constant
-    momentum: float = 0.0
+    momentum: float = 0.0  # torch's RMSProp momentum; 0: none, as in IMPALA
     # The running mean of squared gradients starts here. torch starts it at 0, which makes the
     # first updates up to 1/sqrt(1 - alpha) = 10x the learning rate: on Atari that burst kills
     # most of the conv net's ReLUs before anything is learned. TensorFlow's RMSProp (IMPALA's
-    # reference implementation) starts it at 1: updates grow into the learning rate instead.
+    # reference implementation) starts it at 1: updates grow into the learning rate instead
+    # (docs/defaults.md).
     initial_square_avg: float = 1.0
 
 
 @dataclass
 class AdamConfig(OptimConfig):
+    """Adam (torch.optim.Adam)."""
+
     name: OptimName = OptimName.adam
     learning_rate: float = 0.0003
     epsilon: float = 1e-8
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # decay of the gradient's mean and square
 
 
 @dataclass
@@ -171,8 +181,12 @@ class BackendConfig:
     """What both backends share: actor processes, each stepping a few envs together."""
 
     name: str = MISSING
-    num_actors: int = 0  # mono: acting processes; poly: env client processes; 0: auto (resolve_auto)
-    envs_per_actor: int = 0  # stepped together; evaluated as one batch (mono) or sent as one message (poly); 0: auto
+    # mono: acting processes; poly: env client processes (role=all and role=env).
+    # 0: auto (auto_actors): mono an actor per core but one, poly a client per 4 cores; at least 4.
+    num_actors: int = 0
+    # Envs per actor, stepped together: evaluated as one batch (mono) or sent as one message (poly).
+    # 0: auto (auto_actors): mono 4, poly 4 per core a client gets.
+    envs_per_actor: int = 0
     learner_torch_threads: int = 0  # intra-op threads for the learner; 0: the cores this process may use
     max_actor_restarts: int = 10  # a run whose actors keep dying stops with an error
 
@@ -197,9 +211,13 @@ class WandbConfig:
 
 @dataclass
 class MonoConfig(BackendConfig):
+    """MonoBeast: actor processes step envs and run a CPU copy of the policy; rollouts travel
+    through shared-memory buffers to learner threads."""
+
     name: str = "mono"
-    num_buffers: Optional[int] = None  # rollout buffers in shared memory; None: enough for all
-    num_learner_threads: int = 2
+    # Rollout buffers in shared memory; null: 2 x envs, and at least batch_size + envs (num_buffers()).
+    num_buffers: Optional[int] = None
+    num_learner_threads: int = 2  # threads that batch rollouts and run learner steps (one step at a time)
 
 
 class PolyRole(enum.Enum):
@@ -210,6 +228,10 @@ class PolyRole(enum.Enum):
 
 @dataclass
 class PolyConfig(BackendConfig):
+    """PolyBeast: the learner hosts an ActorPool gRPC server that runs the policy for every
+    connected env client in dynamic batches and assembles their unrolls. Clients connect to it
+    (it never dials out), from this machine (role=all) or others (role=env); see conf/backend/poly.yaml."""
+
     name: str = "poly"
     role: PolyRole = PolyRole.all
     # The ActorPool server's host:port. Loopback by default; 0.0.0.0:PORT serves other machines.
@@ -224,11 +246,13 @@ class PolyConfig(BackendConfig):
     # batch_timeout_ms after the first request for others to join.
     max_batch_size: int = 64
     batch_timeout_ms: float = 2.0
-    learner_queue_size: int = 64  # finished rollouts waiting for the learner (bounds memory)
+    # Finished rollouts waiting for the learner (bounds memory); producers wait when it is full.
+    learner_queue_size: int = 64
     cut_at_reset: bool = True  # an env reset ends its rollout early (a partial, masked rollout)
-    max_clients: int = 64  # concurrent client streams the server accepts
-    client_idle_timeout_s: float = 60.0  # a stream the server waits on longer is dropped
-    max_envs_per_client: int = 256  # sizes the message limit: larger steps are refused
+    max_clients: int = 64  # concurrent client streams the server accepts; more are refused with a message naming this
+    # A stream the server waits on longer is dropped (its envs' unrolls go on, partial).
+    client_idle_timeout_s: float = 60.0
+    max_envs_per_client: int = 256  # sizes the gRPC message limit: larger steps are refused
     connect_timeout_s: float = 60.0  # clients wait this long for a learner that is not up (yet)
     inference_torch_threads: int = 1  # intra-op threads for central inference
     # Atari ids: clients step their envs in ale-py's native AtariVectorEnv where it reproduces
@@ -239,15 +263,17 @@ class PolyConfig(BackendConfig):
 @dataclass
 class LoggerConfig:
     log_interval_s: float = 5.0  # console progress line
-    csv: bool = True
+    csv: bool = True  # logs.csv in the run dir
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
 @dataclass
 class TestConfig:
-    num_episodes: int = 10
+    """mode=test: how a trained run's checkpoint is played."""
+
+    num_episodes: int = 10  # games played; the mean return is reported
     greedy: bool = True  # argmax actions; false samples from the policy
-    record_video: bool = False
+    record_video: bool = False  # videos/ in the run dir
     # Agent steps before a game is cut: ALE's own cap, 108,000 frames at frame skip 4.
     max_episode_steps: int = 27_000
     # Sticky actions while testing; null: as trained. 0.25 is the Machado et al. (2018) protocol.
@@ -264,13 +290,13 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     test: TestConfig = field(default_factory=TestConfig)
 
-    mode: Mode = Mode.train
-    seed: int = 1
-    total_steps: int = 20_000_000
-    batch_size: int = 8
-    unroll_length: int = 20
-    device: str = "auto"  # auto: cuda when available, else cpu
-    checkpoint_interval_s: float = 600.0
+    mode: Mode = Mode.train  # train | test
+    seed: int = 1  # the network's initialisation and every env's and actor's randomness derive from it
+    total_steps: int = 20_000_000  # environment steps (agent steps, i.e. after frame skipping)
+    batch_size: int = 8  # unrolls per learner step
+    unroll_length: int = 20  # T: steps per unroll (80 in MonoBeast: see docs/defaults.md)
+    device: str = "auto"  # auto | cpu | cuda | cuda:N; auto: cuda when available, else cpu
+    checkpoint_interval_s: float = 600.0  # also at the end of the run and when it is stopped
     check_memory: bool = True  # refuse a config whose memory estimate exceeds the machine's (memory.py)
     # mode=test: the training run dir whose checkpoint to load (default: this run dir).
     load_dir: Optional[str] = None

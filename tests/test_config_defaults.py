@@ -1,0 +1,128 @@
+"""Every default has one home, the typed schema; each YAML option holds only what it changes.
+
+And each env option brings a model that fits it (env=cartpole -> the MLP).
+"""
+
+from pathlib import Path
+
+import pytest
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from torchbeast_hydra.__main__ import CONFIG_DIR
+
+from conftest import TINY, compose_config, run_cli
+
+CONF = Path(CONFIG_DIR)
+# Hydra's own groups extend Hydra's schemas; presets are checked against the composed config below.
+OPTION_FILES = sorted(
+    p.relative_to(CONF).as_posix()
+    for p in CONF.rglob("*.yaml")
+    if p.relative_to(CONF).parts[0] not in ("hydra", "experiment")
+)
+PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+
+
+def leaves(tree: dict, prefix: str = ""):
+    """(dotted key, value) for each value a YAML tree sets; an empty dict or a list is one value."""
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def lookup(tree: dict, dotted: str):
+    for key in dotted.split("."):
+        tree = tree[key]
+    return tree
+
+
+def plain(cfg) -> dict:
+    return OmegaConf.to_container(cfg, enum_to_str=True)
+
+
+def schema_of(relative_path: str, defaults: list):
+    """The typed schema an option file extends: the base_* its defaults list names, in its group."""
+    bases = [d for d in defaults if isinstance(d, str) and d.startswith("base_")]
+    assert len(bases) == 1, f"{relative_path} must extend one typed schema (base_...) in its defaults list"
+    group = str(Path(relative_path).parent)
+    path = f"{bases[0]}.yaml" if group == "." else f"{group}/{bases[0]}.yaml"
+    return OmegaConf.structured(ConfigStore.instance().load(path).node)
+
+
+def repeated_defaults(relative_path: str, conf: Path = CONF) -> list[str]:
+    """The keys of a conf/ option file whose value is its schema's default."""
+    content = OmegaConf.to_container(OmegaConf.load(conf / relative_path))
+    schema = schema_of(relative_path, content.pop("defaults", []))
+    content.pop("hydra", None)  # config.yaml's Hydra settings are Hydra's, not the schema's
+    merged, default = plain(OmegaConf.merge(schema, content)), plain(schema)
+    return [key for key, _ in leaves(content) if lookup(merged, key) == lookup(default, key)]
+
+
+@pytest.mark.parametrize("relative_path", OPTION_FILES)
+def test_option_files_hold_only_what_differs_from_their_schema(relative_path):
+    assert repeated_defaults(relative_path) == [], (
+        f"conf/{relative_path} repeats its schema's defaults (torchbeast_hydra/config.py): drop these keys"
+    )
+
+
+def test_a_repeated_default_is_found(tmp_path):
+    # the check above can fail: a copy of conf/ with defaults written back into three files
+    conf = tmp_path / "conf"
+    for relative_path in ("config.yaml", "vtrace/default.yaml", "backend/mono.yaml"):
+        (conf / relative_path).parent.mkdir(parents=True, exist_ok=True)
+        (conf / relative_path).write_text((CONF / relative_path).read_text())
+    with open(conf / "config.yaml", "a") as f:
+        f.write("batch_size: 8\nseed: 2\n")
+    with open(conf / "vtrace/default.yaml", "a") as f:
+        f.write("reward_clipping: abs_one\nentropy_cost: 0.02\n")
+    with open(conf / "backend/mono.yaml", "a") as f:
+        f.write("num_buffers: null\n")
+    assert repeated_defaults("config.yaml", conf) == ["batch_size"]
+    assert repeated_defaults("vtrace/default.yaml", conf) == ["reward_clipping"]
+    assert repeated_defaults("backend/mono.yaml", conf) == ["num_buffers"]
+
+
+def preset_repeats(name: str) -> list[str]:
+    """The keys a preset sets to the value its group choices alone would compose."""
+    content = OmegaConf.to_container(OmegaConf.load(CONF / "experiment" / f"{name}.yaml"))
+    choices = [
+        f"{key.removeprefix('override /')}={value}"
+        for item in content.pop("defaults", [])
+        if isinstance(item, dict)
+        for key, value in item.items()
+    ]
+    with_preset, without = plain(compose_config([f"experiment={name}"])), plain(compose_config(choices))
+    return [key for key, _ in leaves(content) if lookup(with_preset, key) == lookup(without, key)]
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_presets_set_only_what_differs_from_the_defaults(name):
+    assert preset_repeats(name) == [], f"conf/experiment/{name}.yaml repeats the composed defaults"
+
+
+@pytest.mark.parametrize(
+    "overrides, body",
+    [
+        (["env=cartpole"], "MLPBody"),
+        (["env=cartpole", "model=resnet"], "ResNetBody"),  # the command line wins over the env's choice
+        (["model=resnet", "env=cartpole"], "ResNetBody"),
+        (["experiment=cartpole"], "MLPBody"),
+        (["experiment=cartpole", "model=atari_net"], "AtariNetBody"),
+        (["env=pong"], "AtariNetBody"),
+        (["env=breakout"], "AtariNetBody"),
+    ],
+)
+def test_each_env_option_brings_a_model_that_fits(overrides, body):
+    cfg = compose_config(overrides)
+    assert cfg.model._target_ == f"torchbeast_hydra.models.{body}"
+
+
+@pytest.mark.slow
+def test_cartpole_trains_with_env_cartpole_alone(tmp_path):
+    overrides = [o for o in TINY if not o.startswith("experiment=")]
+    run_cli(tmp_path / "run", "env=cartpole", *overrides)
+    config = OmegaConf.load(tmp_path / "run" / ".hydra" / "config.yaml")
+    assert config.env.id == "CartPole-v1" and config.model._target_.endswith("MLPBody")
+    assert (tmp_path / "run" / "logs.csv").exists()
