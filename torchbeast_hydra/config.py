@@ -250,7 +250,8 @@ class Config:
     device: str = "auto"  # auto: cuda when available, else cpu
     checkpoint_interval_s: float = 600.0
     check_memory: bool = True  # refuse a config whose memory estimate exceeds the machine's (memory.py)
-    # mode=test: the training run dir whose checkpoint to load (default: this run dir).
+    # mode=test: the trained run dir whose checkpoint to play; the results go to this run's own dir
+    # (default: this run dir, for a test started in a trained run's dir).
     load_dir: Optional[str] = None
 
 
