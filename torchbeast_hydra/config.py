@@ -218,6 +218,7 @@ class PolyConfig(BackendConfig):
 class LoggerConfig:
     log_interval_s: float = 5.0  # console progress line
     csv: bool = True
+    tensorboard: bool = False  # scalars to RUN_DIR/tensorboard/ (needs the tensorboard package)
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
