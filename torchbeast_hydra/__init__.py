@@ -14,9 +14,9 @@ Reading order, following the data:
 4. vtrace.py    V-trace targets (the IMPALA paper's reference API)
 
 Around them: config.py (typed configs), __main__.py (the command), memory.py (the memory a config
-needs, checked before anything starts), checkpoint.py, metrics.py and wandb_log.py (where stats
-go), evaluate.py (mode=test), launch.py (sweeps and SLURM), analysis/ (runs into pandas, plots,
-the plot command).
+needs, checked before anything starts), checkpoint.py, metrics.py, wandb_log.py and
+tensorboard_log.py (where stats go), evaluate.py (mode=test), launch.py (sweeps and SLURM),
+analysis/ (runs into pandas, plots, the plot command).
 """
 
 __version__ = "0.1.0"
