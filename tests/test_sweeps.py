@@ -23,7 +23,7 @@ JOB = [
 
 
 def job_dir_name(*swept):
-    """What a sweep job's dir is named: its swept overrides, sorted, joined by ','."""
+    """What a sweep job's dir is named: its swept overrides (a one-job sweep: all), sorted, joined by ','."""
     return ",".join(sorted(swept))
 
 
