@@ -27,11 +27,14 @@ NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "analysis.ipyn
 PNGS = ["returns.png", "sps.png", "losses.png", "final_returns.png"]
 
 
-def write_run(run_dir, overrides, seed, rows):
-    """A run dir as training leaves it: logs.csv and .hydra/{overrides,config}.yaml."""
+def write_run(run_dir, overrides, seed, rows, config=None, choices=None):
+    """A run dir as training leaves it: logs.csv and .hydra/{overrides,config,hydra}.yaml."""
     (run_dir / ".hydra").mkdir(parents=True)
     (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
-    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(dict(seed=seed)))
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(dict(seed=seed, **(config or {}))))
+    if choices is not None:
+        hydra = dict(hydra=dict(runtime=dict(choices={"hydra/launcher": "basic", **choices})))
+        (run_dir / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(hydra))
     with open(run_dir / "logs.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
@@ -121,6 +124,52 @@ def test_runs_are_found_in_natural_order_and_wandb_dirs_are_skipped(tmp_path):
     assert [p.name for p in analysis.find_runs(tmp_path)] == ["1", "2", "10"]
     # Only the seed varies: one setting.
     assert analysis.settings(analysis.load_runs(tmp_path)) == [analysis.ALL_RUNS]
+
+
+def test_runs_and_sweeps_load_together_and_what_differs_in_their_configs_is_swept(tmp_path):
+    # A run started with the defaults, and a seed sweep at another learning rate.
+    config = dict(env=dict(id="CartPole-v1"), optim=dict(learning_rate=0.0006))
+    write_run(tmp_path / "runs" / "a", [], 1, [(10, [1.0], 0.0)], config=config)
+    for seed in (1, 2):
+        lr = dict(config, optim=dict(learning_rate=0.001))
+        write_run(tmp_path / "sweep" / str(seed), [f"seed={seed}"], seed, [(10, [2.0 * seed], 0.0)], config=lr)
+    df = analysis.load_runs([tmp_path / "runs" / "a", tmp_path / "sweep", tmp_path / "sweep" / "1"])
+    assert df["run"].tolist() == ["runs/a", "sweep/1", "sweep/2"]  # each run once, named from the common parent
+    assert set(df.attrs["swept"]) == {"seed", "optim.learning_rate"} and df.attrs["swept_keys"] == [
+        "optim.learning_rate"
+    ]
+    assert analysis.settings(df) == ["optim.learning_rate=0.0006", "optim.learning_rate=0.001"]
+    table = analysis.final_returns_by_setting(df)
+    assert table.loc["optim.learning_rate=0.001", "mean"] == 3.0 and table.loc["optim.learning_rate=0.001", "runs"] == 2
+
+
+def test_a_config_group_that_differs_stands_for_its_keys():
+    pong = {"env": "pong", "env.id": "ALE/Pong-v5", "seed": 1, "batch_size": 8}
+    breakout = {"env": "breakout", "env.id": "ALE/Breakout-v5", "seed": 1, "batch_size": 8}
+    assert analysis.differing_keys([pong, breakout]) == ["env"]
+    assert analysis.differing_keys([pong, breakout], typed={"env.id"}) == ["env", "env.id"]
+    assert analysis.differing_keys([pong, dict(pong, seed=2)]) == ["seed"]
+
+
+def test_group_choices_are_read_from_the_runs_hydra_config(tmp_path):
+    for name, env in (("pong", "ALE/Pong-v5"), ("breakout", "ALE/Breakout-v5")):
+        write_run(tmp_path / name, [], 1, [(10, [1.0], 0.0)], config=dict(env=dict(id=env)), choices=dict(env=name))
+    df = analysis.load_runs(tmp_path)
+    assert df.attrs["swept"] == ["env"] and analysis.settings(df) == ["env=breakout", "env=pong"]
+
+
+def test_plot_command_takes_several_dirs_and_reports_a_seed_sweep(tmp_path):
+    for seed in (1, 2):
+        write_run(tmp_path / f"run{seed}", [f"seed={seed}"], seed, [(10, [1.0], 0.5), (20, [2.0], 0.25)])
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast_hydra.analysis", str(tmp_path / "run1"), str(tmp_path / "run2")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "2 runs in" in result.stdout and "swept: seed (aggregated)" in result.stdout
+    assert (tmp_path / "plots" / "final_returns.csv").exists()  # the dirs' common parent
 
 
 def test_latest_runs_dir_is_the_newest_run_or_sweep(synthetic_sweep, tmp_path):
@@ -218,7 +267,7 @@ def test_plot_command_writes_the_plots_and_prints_the_table(real_sweep, tmp_path
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert "4 runs" in result.stdout and "swept: optim.learning_rate" in result.stdout
+    assert "4 runs" in result.stdout and "swept: optim.learning_rate, seed (seeds aggregated" in result.stdout
     assert "optim.learning_rate=0.001" in result.stdout
     for name in PNGS:
         assert_real_image(out_dir / name)

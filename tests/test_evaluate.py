@@ -12,7 +12,7 @@ from torchbeast_hydra.config import EnvConfig
 from torchbeast_hydra.envs import Environments
 from torchbeast_hydra.evaluate import _append_row, eval_env_config, play
 
-from conftest import compose_config, run_cli
+from conftest import cli_env, compose_config, run_cli
 
 
 class FixedPolicy(torch.nn.Module):
@@ -82,12 +82,53 @@ def test_eval_csv_keeps_old_rows_when_columns_are_added(tmp_path):
     assert rows[0]["sticky_action_prob"] == "" and rows[1]["sticky_action_prob"] == "0.25"
 
 
-def test_test_mode_records_its_protocol(tiny_run, tmp_path):
-    result = run_cli(
-        tmp_path / "eval", "experiment=cartpole", "mode=test", f"load_dir={tiny_run}", "test.num_episodes=2"
-    )
-    assert "Mean return over 2 episodes" in result.stdout and "±" in result.stdout
-    with open(tiny_run / "eval.csv", newline="") as f:
+def snapshot(run_dir):
+    """Every file under run_dir with its size and mtime: what a read-only use leaves unchanged."""
+    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*")}
+
+
+def test_test_mode_writes_into_its_own_run_dir(tiny_run, tmp_path):
+    before = snapshot(tiny_run)
+    test_dir = tmp_path / "eval"
+    result = run_cli(test_dir, "experiment=cartpole", "mode=test", f"load_dir={tiny_run}", "test.num_episodes=2")
+    assert snapshot(tiny_run) == before, "the trained run's dir is only read"
+    assert (test_dir / "trained_run").resolve() == tiny_run.resolve()
+    with open(test_dir / "eval.csv", newline="") as f:
         (row,) = list(csv.DictReader(f))
     assert int(row["episodes"]) == 2 and float(row["std_return"]) >= 0
     assert row["max_episode_steps"] == "27000" and row["greedy"] == "True"
+    assert row["trained_run"] == str(tiny_run.resolve())
+    # The summary goes through logging: to the console and to the test run's log file.
+    summary = f"Mean return over 2 episodes: {float(row['mean_return']):.2f} ± "
+    assert summary in result.stdout
+    log = (test_dir / "torchbeast.log").read_text()
+    assert summary in log and str(tiny_run.resolve()) in log
+
+
+def test_test_mode_started_in_a_trained_run_dir_plays_it(tiny_run):
+    run_cli(tiny_run, "experiment=cartpole", "mode=test", "test.num_episodes=1")
+    with open(tiny_run / "eval.csv", newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    assert int(row["episodes"]) == 1 and not (tiny_run / "trained_run").exists()
+
+
+def test_test_mode_without_a_trained_run_says_to_set_load_dir(tmp_path):
+    result = run_cli(tmp_path / "eval", "experiment=cartpole", "mode=test", check=False)
+    assert result.returncode == 2 and "set load_dir=RUN_DIR" in result.stdout + result.stderr
+
+
+def test_video_recording_is_quiet_without_a_display_or_session(tiny_run, tmp_path):
+    env = cli_env(DISPLAY=None, WAYLAND_DISPLAY=None, XDG_RUNTIME_DIR=None, SDL_VIDEODRIVER=None)
+    result = run_cli(
+        tmp_path / "eval",
+        "experiment=cartpole",
+        "mode=test",
+        f"load_dir={tiny_run}",
+        "test.num_episodes=1",
+        "test.record_video=true",
+        env=env,
+    )
+    videos = list((tmp_path / "eval" / "videos").glob("*.mp4"))
+    assert videos and videos[0].stat().st_size > 1000
+    assert "error" not in (result.stdout + result.stderr).lower()
+    assert not (tiny_run / "videos").exists()

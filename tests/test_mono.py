@@ -167,7 +167,7 @@ def test_test_mode_plays_the_checkpoint(tiny_run, tmp_path):
         tmp_path / "eval", "experiment=cartpole", "mode=test", f"load_dir={tiny_run}", "test.num_episodes=3"
     )
     assert "Mean return over 3 episodes" in result.stdout
-    with open(tiny_run / "eval.csv", newline="") as f:
+    with open(tmp_path / "eval" / "eval.csv", newline="") as f:
         (row,) = list(csv.DictReader(f))
     assert int(row["episodes"]) == 3 and float(row["mean_return"]) > 0
 
@@ -181,7 +181,7 @@ def test_test_mode_records_video(tiny_run, tmp_path):
         "test.num_episodes=1",
         "test.record_video=true",
     )
-    videos = list((tiny_run / "videos").glob("*.mp4"))
+    videos = list((tmp_path / "eval" / "videos").glob("*.mp4"))
     assert videos and videos[0].stat().st_size > 1000
 
 

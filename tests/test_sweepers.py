@@ -50,6 +50,6 @@ def test_mode_test_returns_the_mean_evaluation_return(tiny_run, tmp_path):
         value = run(cfg)
     finally:
         HydraConfig.instance().cfg = None  # later tests run outside any Hydra job
-    with open(tiny_run / "eval.csv") as f:
+    with open(tmp_path / "test" / "eval.csv") as f:
         logged = float(f.read().splitlines()[-1].split(",")[2])  # step,episodes,mean_return,...
     assert value == pytest.approx(logged, abs=0.01) and value >= 8  # CartPole lasts 8+ steps

@@ -4,9 +4,10 @@ import os
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 
 from torchbeast_hydra import checkpoint
-from torchbeast_hydra.launch import job_subdir
+from torchbeast_hydra.launch import RecordSweepOverrides, job_subdir
 
 from conftest import REPO, rows, run_sweep, steps
 
@@ -21,9 +22,9 @@ JOB = [
 ]
 
 
-def job_dir_name(*overrides):
-    """What Hydra names a sweep job's dir: its overrides, sorted, joined by ','."""
-    return ",".join(sorted(JOB + list(overrides)))
+def job_dir_name(*swept):
+    """What a sweep job's dir is named: its swept overrides (a one-job sweep: all), sorted, joined by ','."""
+    return ",".join(sorted(swept))
 
 
 def check_job_dirs(sweep_dir, names, total_steps=2048):
@@ -41,12 +42,38 @@ def check_job_dirs(sweep_dir, names, total_steps=2048):
         assert (job_dir / ".hydra" / "overrides.yaml").exists() and (job_dir / "torchbeast.log").exists()
 
 
-def test_job_subdir_names():
-    assert job_subdir("env=pong,seed=1", 3) == "env=pong,seed=1"
-    assert job_subdir("env.id=ALE/Pong-v5", 0) == "env.id=ALE_Pong-v5"
-    assert job_subdir("", 7) == "job7"
-    long = job_subdir("x=" + "a" * 300, 0)
-    assert len(long) == 200 and long != job_subdir("x=" + "a" * 299 + "b", 0)
+def start_sweep(sweep_dir, *command_line):
+    """What Hydra hands the callbacks at a sweep's start: the sweep's command line and dir."""
+    config = OmegaConf.create(dict(hydra=dict(overrides=dict(task=list(command_line)), sweep=dict(dir=str(sweep_dir)))))
+    RecordSweepOverrides().on_multirun_start(config)
+
+
+def test_job_dirs_are_named_by_the_swept_overrides(tmp_path):
+    start_sweep(tmp_path, "experiment=cartpole", "seed=1,2", "total_steps=2048", "optim.learning_rate=range(1,3)")
+    fixed = ["experiment=cartpole", "total_steps=2048"]
+    names = {
+        job_subdir([*fixed, f"seed={seed}", f"optim.learning_rate={lr}"], tmp_path, num)
+        for num, (seed, lr) in enumerate((s, lr) for s in (1, 2) for lr in (1, 2))
+    }
+    assert names == {f"optim.learning_rate={lr},seed={s}" for s in (1, 2) for lr in (1, 2)}
+    # Only the overrides decide it: a requeued job (another number, another process) finds its dir.
+    again = job_subdir(OmegaConf.create([*fixed, "seed=2", "optim.learning_rate=1"]), str(tmp_path), 9)
+    assert again == "optim.learning_rate=1,seed=2"
+    # A value a sweeper set other than the command line's stays in the name: no two jobs share a dir.
+    assert job_subdir(["experiment=cartpole", "total_steps=4096", "seed=1"], tmp_path, 0) == "seed=1,total_steps=4096"
+
+
+def test_job_dir_names_are_filesystem_safe(tmp_path):
+    # No record of the sweep's command line: every override names the dir.
+    assert job_subdir(["seed=1", "env=pong"], tmp_path, 3) == "env=pong,seed=1"
+    assert job_subdir(["env.id=ALE/Pong-v5"], tmp_path, 0) == "env.id=ALE_Pong-v5"
+    assert job_subdir([], tmp_path, 7) == "job7"
+    long = job_subdir(["x=" + "a" * 300], tmp_path, 0)
+    assert len(long) == 200 and long != job_subdir(["x=" + "a" * 299 + "b"], tmp_path, 0)
+    start_sweep(tmp_path, "env.id=ALE/Pong-v5,ALE/Breakout-v5", "seed=1")
+    assert job_subdir(["env.id=ALE/Pong-v5", "seed=1"], tmp_path, 0) == "env.id=ALE_Pong-v5"
+    start_sweep(tmp_path, "seed=1")  # a one-job "sweep": nothing swept, named by its overrides
+    assert job_subdir(["seed=1"], tmp_path, 0) == "seed=1"
 
 
 @pytest.mark.slow
@@ -56,11 +83,7 @@ def test_basic_launcher_sweep(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     check_job_dirs(
         sweep,
-        [
-            job_dir_name("total_steps=2048", f"seed={s}", f"vtrace.entropy_cost={e}")
-            for s in (1, 2)
-            for e in (0.01, 0.0006)
-        ],
+        [job_dir_name(f"seed={s}", f"vtrace.entropy_cost={e}") for s in (1, 2) for e in (0.01, 0.0006)],
     )
 
 
@@ -77,12 +100,9 @@ def test_submitit_local_sweep_runs_jobs_in_parallel(tmp_path):
         timeout=240,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    check_job_dirs(sweep, [job_dir_name("total_steps=2048", f"seed={s}") for s in (1, 2)])
-    starts = [
-        (sweep / job_dir_name("total_steps=2048", f"seed={s}") / ".hydra" / "config.yaml").stat().st_mtime
-        for s in (1, 2)
-    ]
-    ends = [(sweep / job_dir_name("total_steps=2048", f"seed={s}") / "logs.csv").stat().st_mtime for s in (1, 2)]
+    check_job_dirs(sweep, [job_dir_name(f"seed={s}") for s in (1, 2)])
+    starts = [(sweep / job_dir_name(f"seed={s}") / ".hydra" / "config.yaml").stat().st_mtime for s in (1, 2)]
+    ends = [(sweep / job_dir_name(f"seed={s}") / "logs.csv").stat().st_mtime for s in (1, 2)]
     assert max(starts) < min(ends), "the two jobs overlapped in time"
 
 

@@ -104,9 +104,11 @@ def test_test_mode_logs_its_evaluation_and_video_to_the_trained_run(offline_run,
         "test.record_video=true",
         "logger.wandb.mode=offline",
     )
-    with open(run_dir / "eval.csv", newline="") as f:
+    with open(tmp_path / "eval" / "eval.csv", newline="") as f:
         result = list(csv.DictReader(f))[-1]
-    evals = [r for r in offline_runs(run_dir) if r["history"] and "eval/mean_return" in r["history"][0]]
+    # The trained run's wandb run goes on, its files in the test run's dir (the trained dir is only read).
+    assert not [r for r in offline_runs(run_dir) if r["history"] and "eval/mean_return" in r["history"][0]]
+    evals = [r for r in offline_runs(tmp_path / "eval") if r["history"] and "eval/mean_return" in r["history"][0]]
     assert len(evals) == 1
     (logged,) = evals[0]["history"]
     assert evals[0]["run"].run_id == run_id

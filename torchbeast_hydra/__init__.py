@@ -15,9 +15,9 @@ Reading order, following the data:
 
 Around them: config.py (typed configs), __main__.py (the command), memory.py (the memory a config
 needs, checked before anything starts), supervision.py (actor processes, replaced when they die),
-signals.py (stopping cleanly), seeding.py and devices.py, checkpoint.py, metrics.py and wandb_log.py (where stats
-go), evaluate.py (mode=test), launch.py (sweeps and SLURM), analysis/ (runs into pandas, plots,
-the plot command).
+signals.py (stopping cleanly), seeding.py and devices.py, checkpoint.py, metrics.py, wandb_log.py and
+tensorboard_log.py (where stats go), evaluate.py (mode=test), launch.py (sweeps and SLURM),
+analysis/ (runs into pandas, plots, the plot command).
 """
 
 __version__ = "0.1.0"

@@ -18,7 +18,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from . import memory
+from . import checkpoint, memory
 from .checkpoint import CheckpointError
 from .config import ConfigError, Mode, PolyRole, register_configs, validate
 from .launch import LaunchError, check_launcher_plugin, hand_over, register_resolvers
@@ -104,6 +104,17 @@ def final_return(training_run) -> float:
     return sum(recent) / len(recent) if recent else math.nan
 
 
+def trained_run_dir(cfg: DictConfig, run_dir: Path) -> Path:
+    """mode=test's trained run: load_dir, else this run dir when started in a trained run's dir."""
+    if cfg.load_dir:
+        return Path(cfg.load_dir)
+    if not checkpoint.path_in(run_dir).exists():
+        raise ConfigError(
+            "mode=test plays a trained run's checkpoint: set load_dir=RUN_DIR (e.g. load_dir=outputs/DATE/TIME)."
+        )
+    return run_dir
+
+
 def run(cfg: DictConfig) -> float:
     """Trains (or tests) as configured; returns the final mean episode return (test: evaluation's)."""
     from .envs import probe_env
@@ -114,7 +125,7 @@ def run(cfg: DictConfig) -> float:
     if Mode(cfg.mode) is Mode.test:
         from .evaluate import evaluate
 
-        return evaluate(cfg, Path(cfg.load_dir) if cfg.load_dir else run_dir)["mean_return"]
+        return evaluate(cfg, trained_run_dir(cfg, run_dir), run_dir)["mean_return"]
 
     spec = probe_env(cfg.env)  # an unknown env id fails here, before any process starts
     model = make_model(cfg.model, spec)  # and so does a model that does not fit the env

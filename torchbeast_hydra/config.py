@@ -264,6 +264,7 @@ class PolyConfig(BackendConfig):
 class LoggerConfig:
     log_interval_s: float = 5.0  # console progress line
     csv: bool = True  # logs.csv in the run dir
+    tensorboard: bool = False  # scalars to RUN_DIR/tensorboard/ (needs the tensorboard package)
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
@@ -298,7 +299,8 @@ class Config:
     device: str = "auto"  # auto | cpu | cuda | cuda:N; auto: cuda when available, else cpu
     checkpoint_interval_s: float = 600.0  # also at the end of the run and when it is stopped
     check_memory: bool = True  # refuse a config whose memory estimate exceeds the machine's (memory.py)
-    # mode=test: the training run dir whose checkpoint to load (default: this run dir).
+    # mode=test: the trained run dir whose checkpoint to play; the results go to this run's own dir
+    # (default: this run dir, for a test started in a trained run's dir).
     load_dir: Optional[str] = None
 
 

@@ -1,9 +1,16 @@
-"""Test mode: play a trained run's checkpoint for N episodes and report the returns."""
+"""Test mode: play a trained run's checkpoint for N episodes and report the returns.
+
+The test command has a run dir of its own (Hydra's, as for training): its log, `eval.csv`,
+`videos/`, and `trained_run`, a link to the run whose checkpoint it played. The trained run's
+dir is only read; started in that dir (no load_dir), test mode plays and writes there.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,7 +23,7 @@ from .config import AtariEnvConfig, ConfigError, EnvConfig, atari_settings
 from .envs import Environments, is_atari
 from .metrics import CsvLog
 from .models import make_model, saved_model_config
-from .wandb_log import WandbLog
+from .wandb_log import RUN_ID_FILE, WandbLog
 
 log = logging.getLogger(__name__)
 
@@ -24,22 +31,31 @@ log = logging.getLogger(__name__)
 EVAL_FIGURES = ("episodes", "mean_return", "std_return", "min_return", "max_return", "mean_length", "seconds")
 
 
-def evaluate(cfg, run_dir: Path) -> dict:
-    """Loads run_dir's checkpoint and plays cfg.test.num_episodes whole games; returns the figures.
+TRAINED_RUN_LINK = "trained_run"
+
+
+def evaluate(cfg, trained_dir: Path, out_dir: Path) -> dict:
+    """Loads trained_dir's checkpoint and plays cfg.test.num_episodes whole games; returns the figures,
+    which go to out_dir (eval.csv, videos/, the log).
 
     The games are played as the agent was trained (the same preprocessing and life-loss handling:
     FIRE after a lost life, the LSTM state reset), and scored as papers do: the whole game's
     return, all lives, capped at test.max_episode_steps (ALE's 108,000 frames).
     """
-    state = checkpoint.load(checkpoint.path_in(run_dir))
+    trained_dir = trained_dir.resolve()
+    state = checkpoint.load(checkpoint.path_in(trained_dir))
+    link_trained_run(out_dir, trained_dir)
+    log.info("Evaluating %s (step %d); results in %s", trained_dir, state["step"], out_dir)
     env_cfg = eval_env_config(cfg, state)
     # The trained run's model, whatever this invocation's defaults say.
     model_cfg = saved_model_config(state["config"]["model"])
     record = cfg.test.record_video
+    if record:
+        headless_rendering()
     # Life losses as in training: FIRE after one where the game needs it, and `done` for the model.
     envs = Environments(env_cfg, 1, seed=cfg.seed, render_mode="rgb_array" if record else None)
     if record:
-        envs.envs[0] = _record_video(envs.envs[0], run_dir / "videos")
+        envs.envs[0] = _record_video(envs.envs[0], out_dir / "videos")
     model = make_model(model_cfg, envs.spec)
     model.load_state_dict(state["learner"]["model"])
     model.eval()
@@ -68,10 +84,13 @@ def evaluate(cfg, run_dir: Path) -> dict:
         episodic_life=envs.episodic_life,
         noop_max=atari.noop_max if atari else "",
         seed=cfg.seed,
+        trained_run=str(trained_dir),
     )
-    _append_row(run_dir / "eval.csv", result)
-    _log_to_wandb(cfg, run_dir, result, list((run_dir / "videos").glob("test-episode-*.mp4")) if record else [])
-    print(
+    _append_row(out_dir / "eval.csv", result)
+    _log_to_wandb(
+        cfg, trained_dir, out_dir, result, list((out_dir / "videos").glob("test-episode-*.mp4")) if record else []
+    )
+    log.info(
         f"Mean return over {len(returns)} episodes: {result['mean_return']:.2f} "
         f"± {result['std_return']:.2f} (min {result['min_return']:.1f}, max {result['max_return']:.1f}) "
         f"at step {state['step']}."
@@ -121,10 +140,36 @@ def play(model, envs: Environments, num_episodes: int, max_episode_steps: int, a
     return returns, lengths
 
 
-def _log_to_wandb(cfg, run_dir: Path, result: dict, videos: list) -> None:
-    """Adds the evaluation to the trained run's wandb run (its id is kept in run_dir)."""
+def link_trained_run(out_dir: Path, trained_dir: Path) -> None:
+    """out_dir/trained_run -> trained_dir (absolute), unless they are one dir."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.resolve() == trained_dir:
+        return
+    link = out_dir / TRAINED_RUN_LINK
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(trained_dir, target_is_directory=True)
+
+
+def headless_rendering() -> None:
+    """Lets pygame (gymnasium's classic-control renderers) draw frames without a display or a
+    session: SDL's dummy video driver, and a private XDG_RUNTIME_DIR where none is set (else SDL
+    prints an error line though nothing is wrong)."""
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    if not os.environ.get("XDG_RUNTIME_DIR"):
+        os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="torchbeast-xdg-")  # mode 0700, as SDL wants
+
+
+def _log_to_wandb(cfg, trained_dir: Path, out_dir: Path, result: dict, videos: list) -> None:
+    """Adds the evaluation to the trained run's wandb run; wandb's files go to out_dir/wandb.
+
+    The trained run's id (kept in its dir) is copied to out_dir, so that its dir is never written.
+    """
+    id_file = trained_dir / RUN_ID_FILE
+    if id_file.exists() and out_dir.resolve() != trained_dir:
+        (out_dir / RUN_ID_FILE).write_text(id_file.read_text())
     # No config, name or tags: they stay the training run's.
-    sink = WandbLog(cfg.logger.wandb, run_dir, job_type=None)
+    sink = WandbLog(cfg.logger.wandb, out_dir, job_type=None)
     figures = {f"eval/{key}": result[key] for key in EVAL_FIGURES}
     video = {"eval/video": max(videos, key=lambda path: path.stat().st_mtime)} if videos else {}
     sink.log(dict(step=result["step"], **figures), videos=video, summary=figures)

@@ -1,4 +1,5 @@
-"""Sweeps and SLURM: sweep job dirs, checks before a sweep submits anything, preemption hand-over.
+"""Sweeps and SLURM: sweep job dirs (named by the swept overrides), checks before a sweep submits
+anything, preemption hand-over.
 
 Preemption and time limits under submitit (hydra/launcher=slurm or submitit_local)
 ---------------------------------------------------------------------------------
@@ -30,6 +31,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
@@ -37,26 +39,65 @@ from omegaconf import DictConfig, OmegaConf
 log = logging.getLogger("torchbeast_hydra")
 
 SUBDIR_RESOLVER = "tbh_job_subdir"
+SWEEP_OVERRIDES_FILE = ".sweep_overrides.yaml"
 MAX_SUBDIR_CHARS = 200
 
 # Launcher presets (hydra/launcher=NAME) that need hydra-submitit-launcher.
 SUBMITIT_LAUNCHERS = ("slurm", "submitit_slurm", "submitit_local")
 
 
-def job_subdir(override_dirname: str, job_num) -> str:
-    """A sweep job's dir name from its overrides: `env=pong,seed=1`, filesystem-safe.
+def job_subdir(overrides, sweep_dir, job_num) -> str:
+    """A sweep job's dir name: its swept overrides, e.g. `optim.learning_rate=0.001,seed=2`.
 
-    Only the overrides decide it (not the job number or the attempt), so a requeued job finds its
-    own dir again. '/' (as in env.id=ALE/Pong-v5) becomes '_'; a name too long for a file system
-    is cut and suffixed with a hash of the whole name; no overrides at all gives `job<num>`.
+    The job's overrides (sorted, joined by ',') less those the sweep's command line gave one value
+    (the same in every job: see RecordSweepOverrides). Whatever a sweeper varies stays, so two jobs
+    of a sweep never share a dir; only the overrides decide it (not the job number or the attempt),
+    so a requeued job finds its own dir again. Where the sweep's command line is not known, every
+    override names the dir.
     """
-    name = str(override_dirname).replace(os.sep, "_").replace("\0", "")
+    overrides = [str(o) for o in overrides]
+    fixed = fixed_overrides(sweep_dir)
+    swept = [o for o in overrides if o not in fixed]
+    return safe_dir_name(",".join(sorted(swept or overrides)), job_num)
+
+
+def safe_dir_name(name: str, job_num) -> str:
+    """`name` as a dir name: '/' (as in env.id=ALE/Pong-v5) becomes '_'; a name too long for a file
+    system is cut and suffixed with a hash of the whole name; an empty one gives `job<num>`."""
+    name = name.replace(os.sep, "_").replace("\0", "")
     if not name or name in (".", ".."):
         return f"job{job_num}"
     if len(name) > MAX_SUBDIR_CHARS:
         digest = hashlib.sha1(name.encode()).hexdigest()[:10]
         name = f"{name[: MAX_SUBDIR_CHARS - 11]}-{digest}"
     return name
+
+
+def fixed_overrides(sweep_dir) -> set:
+    """The sweep's command-line overrides that have one value (every job has them as typed)."""
+    try:
+        typed = OmegaConf.load(Path(sweep_dir) / SWEEP_OVERRIDES_FILE)
+    except (OSError, ValueError):  # not recorded (a sweep started another way): name by every override
+        return set()
+    return {str(o) for o in typed.fixed}
+
+
+class RecordSweepOverrides(Callback):
+    """Records, at a sweep's start, which of its command-line overrides are fixed (one value), in
+    SWEEP_DIR/.sweep_overrides.yaml: job dirs are named by the others (job_subdir)."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        typed = [str(o) for o in config.hydra.overrides.task]
+        try:
+            parsed = OverridesParser.create().parse_overrides(typed)
+        except Exception:  # a sweep Hydra itself will refuse, with its own message
+            return
+        fixed = [line for line, o in zip(typed, parsed) if not o.is_sweep_override()]
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(OmegaConf.create(dict(fixed=fixed, command_line=typed)), sweep_dir / SWEEP_OVERRIDES_FILE)
 
 
 def register_resolvers() -> None:

@@ -85,6 +85,10 @@ class TrainingRun:
         if cfg.logger.csv:
             with writing(self.csv_path):
                 sinks.append(CsvLog(self.csv_path, resume_step=start_step))
+        if cfg.logger.tensorboard:
+            from .tensorboard_log import TensorboardLog
+
+            sinks.append(TensorboardLog(self.run_dir, resume_step=start_step))
         group, name, tags = hydra_labels()
         self.wandb = wandb_log = WandbLog(
             cfg.logger.wandb,

@@ -1,8 +1,8 @@
 """Analysis: runs and sweeps read back from disk, their plots, and the plot command.
 
-runs.py      logs.csv + .hydra/overrides.yaml of each run into one pandas DataFrame; seeds aggregated
+runs.py      logs.csv + .hydra/ of each run into one pandas DataFrame; what differs is swept; seeds aggregated
 plots.py     learning-curve and final-return figures (PNG), without pyplot's global state
-__main__.py  `python -m torchbeast_hydra.analysis RUNS_DIR` (or `torchbeast-hydra-plot`)
+__main__.py  `python -m torchbeast_hydra.analysis RUNS_DIR...` (or `torchbeast-hydra-plot`)
 
     from torchbeast_hydra.analysis import load_runs, plots
 """
@@ -11,6 +11,7 @@ from .runs import (
     ALL_RUNS,
     RETURN,
     SEED,
+    differing_keys,
     episode_returns,
     final_returns,
     final_returns_by_setting,
@@ -20,6 +21,7 @@ from .runs import (
     load_run,
     load_runs,
     loss_columns,
+    read_config,
     read_overrides,
     read_seed,
     settings,
@@ -30,6 +32,7 @@ __all__ = [
     "ALL_RUNS",
     "RETURN",
     "SEED",
+    "differing_keys",
     "episode_returns",
     "final_returns",
     "final_returns_by_setting",
@@ -39,6 +42,7 @@ __all__ = [
     "load_run",
     "load_runs",
     "loss_columns",
+    "read_config",
     "read_overrides",
     "read_seed",
     "settings",

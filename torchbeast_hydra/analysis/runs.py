@@ -1,20 +1,24 @@
-"""Runs and sweeps back from disk: logs.csv + .hydra/overrides.yaml into one pandas DataFrame.
+"""Runs and sweeps back from disk: logs.csv + .hydra/ of each run into one pandas DataFrame.
 
-    df = load_runs("outputs/multirun/2024-05-01/12-00-00")   # a sweep, or one run dir
+    df = load_runs("outputs/multirun/2024-05-01/12-00-00")   # a sweep, one run dir, or a list of them
     final_returns_by_setting(df)                              # the table of final returns
     learning_curve(df, "recent_return")                       # mean and spread across seeds
 
 One row per logs.csv row, plus: `run` (the run dir, relative to what was loaded), one column per
-override key (as typed on the command line, e.g. `optim.learning_rate`), `seed`, `setting` (the
-swept overrides other than the seed, e.g. `optim.learning_rate=0.001`: runs that differ only in
-seed share it), and `recent_return` (the mean return of the run's last `window` episodes at that
-row, the curve the progress line shows).
+override key (as typed on the command line, e.g. `optim.learning_rate`) and per swept key, `seed`,
+`setting` (the swept keys other than the seed, e.g. `optim.learning_rate=0.001`: runs that differ
+only in seed share it), and `recent_return` (the mean return of the run's last `window` episodes
+at that row, the curve the progress line shows).
+
+What was swept is read from the runs themselves: the config keys (and config group choices, e.g.
+`env`) whose values differ between the runs loaded, whatever commands started them.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import os
 import re
 from pathlib import Path
 from typing import Iterable, Optional
@@ -49,6 +53,28 @@ def read_overrides(run_dir: str | Path) -> dict:
         key, value = override.split("=", 1)
         out[key.lstrip("+")] = value
     return out
+
+
+def read_config(run_dir: str | Path) -> dict:
+    """The run's composed config flattened to dotted keys (`optim.learning_rate`), and its config
+    group choices (`env: pong`, from .hydra/hydra.yaml)."""
+    hydra_dir = Path(run_dir) / ".hydra"
+    flat = {}
+    if (hydra_dir / "config.yaml").exists():
+        _flatten(yaml.safe_load((hydra_dir / "config.yaml").read_text()) or {}, "", flat)
+    if (hydra_dir / "hydra.yaml").exists():
+        runtime = ((yaml.safe_load((hydra_dir / "hydra.yaml").read_text()) or {}).get("hydra") or {}).get("runtime")
+        choices = (runtime or {}).get("choices") or {}
+        flat.update({group: choice for group, choice in choices.items() if not group.startswith("hydra/")})
+    return flat
+
+
+def _flatten(node: dict, prefix: str, out: dict) -> None:
+    for key, value in node.items():
+        if isinstance(value, dict) and value:
+            _flatten(value, f"{prefix}{key}.", out)
+        else:
+            out[f"{prefix}{key}"] = value
 
 
 def read_seed(run_dir: str | Path) -> Optional[int]:
@@ -94,28 +120,68 @@ def load_run(run_dir: str | Path, name: Optional[str] = None, window: int = 100)
     return df
 
 
-def load_runs(path: str | Path, window: int = 100) -> pd.DataFrame:
-    """Every run at or under path (one run dir or a multirun dir) in one DataFrame.
+def load_runs(paths: str | Path | Iterable[str | Path], window: int = 100) -> pd.DataFrame:
+    """Every run at or under paths (run dirs and/or multirun dirs) in one DataFrame.
 
-    Adds `setting`: the overrides whose values differ between runs, other than the seed.
+    Adds a column per swept key (its value in each run's config), and `setting`: the swept keys
+    other than the seed. attrs: `swept` (every key whose value differs between the runs, the seed
+    included), `swept_keys` (the setting's keys), `override_keys`, `window`.
     """
-    path = Path(path)
-    run_dirs = find_runs(path)
-    if not run_dirs:
-        raise FileNotFoundError(f"no runs (no logs.csv) under {path}")
-    frames = [load_run(d, name=str(d.relative_to(path)) if d != path else d.name, window=window) for d in run_dirs]
+    paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    if not paths:
+        raise FileNotFoundError("no runs dir given")
+    run_dirs = {}
+    for path in paths:
+        found = find_runs(path)
+        if not found:
+            raise FileNotFoundError(f"no runs (no logs.csv) under {path}")
+        run_dirs.update({d.resolve(): d for d in found})  # a run given twice counts once
+    base = paths[0] if len(paths) == 1 else Path(os.path.commonpath([p.resolve() for p in paths]))
+    frames, configs = [], []
+    for resolved, run_dir in run_dirs.items():
+        here = run_dir if len(paths) == 1 else resolved
+        name = str(here.relative_to(base)) if here != base else here.name
+        frames.append(load_run(run_dir, name=name, window=window))
+        configs.append({**read_overrides(run_dir), **read_config(run_dir), SEED: read_seed(run_dir)})
+    swept = differing_keys(configs, typed={k for f in frames for k in f.attrs["override_keys"]})
+    setting_keys = [k for k in swept if k != SEED]
+    # A column per swept key, with its value in each run (defaults included); a key that clashes
+    # with a logged field gets an `override.`, as in load_run.
+    columns = [
+        f"override.{k}" if k in frames[0].columns and k not in frames[0].attrs["override_keys"] else k
+        for k in setting_keys
+    ]
+    for frame, config in zip(frames, configs):
+        for key, column in zip(setting_keys, columns):
+            frame[column] = _text(config.get(key))
     keys = list(dict.fromkeys(k for f in frames for k in f.attrs["override_keys"]))
     df = pd.concat(frames, ignore_index=True)
-    swept = swept_keys(df, keys)
-    if swept:
-        labels = df[swept].fillna("").astype(str)
+    if setting_keys:
+        labels = df[columns].fillna("").astype(str)
         df["setting"] = [
-            ",".join(f"{k}={v}" for k, v in zip(swept, row) if v != "") for row in labels.itertuples(index=False)
+            ",".join(f"{k}={v}" for k, v in zip(setting_keys, row) if v != "") for row in labels.itertuples(index=False)
         ]
     else:
         df["setting"] = ALL_RUNS
-    df.attrs.update(override_keys=keys, swept_keys=swept, window=window)
+    df.attrs.update(override_keys=keys, swept=swept, swept_keys=setting_keys, window=window)
     return df
+
+
+def differing_keys(configs: list, typed: Iterable[str] = ()) -> list:
+    """Keys whose values differ between the runs' flattened configs (a missing key is a value too).
+
+    A config group whose choice differs (`env`) stands for the keys under it (`env.id`, ...), unless
+    one of those was typed on a command line (typed: the override keys).
+    """
+    keys = list(dict.fromkeys(k for config in configs for k in config))
+    differ = [k for k in keys if len({_text(config.get(k)) for config in configs}) > 1]
+    groups = [k for k in differ if any(other.startswith(f"{k}.") for other in keys)]
+    typed = set(typed)
+    return [k for k in differ if k in typed or not any(k.startswith(f"{g}.") for g in groups)]
+
+
+def _text(value) -> str:
+    return "" if value is None else str(value)
 
 
 def loss_columns(df: pd.DataFrame) -> list:
@@ -124,11 +190,9 @@ def loss_columns(df: pd.DataFrame) -> list:
     return ["total_loss", *terms] if "total_loss" in df.columns else terms
 
 
-def swept_keys(df: pd.DataFrame, keys: Optional[Iterable[str]] = None) -> list:
-    """Override keys whose values differ between runs (the seed excluded)."""
-    keys = list(keys if keys is not None else df.attrs.get("override_keys", []))
-    per_run = df.groupby("run", sort=False).first()
-    return [k for k in keys if k in per_run and per_run[k].fillna("").astype(str).nunique() > 1]
+def swept_keys(df: pd.DataFrame) -> list:
+    """The swept keys that make a setting (the seed excluded), as load_runs found them."""
+    return list(df.attrs.get("swept_keys", []))
 
 
 def settings(df: pd.DataFrame) -> list:
