@@ -19,7 +19,7 @@ def inputs(spec, T, B, done=None):
         frame=frame,
         reward=torch.randn(T, B),
         done=torch.zeros(T, B, dtype=torch.bool) if done is None else done,
-        last_action=torch.randint(0, spec.num_actions, (T, B)),
+        last_action=torch.randint(0, spec.actions.nvec[0], (T, B)),
     )
 
 
@@ -31,10 +31,10 @@ CONFIGS = dict(atari_net=AtariNetConfig, resnet=ResNetConfig, mlp=MLPConfig)
 def test_output_shapes(name, spec, use_lstm):
     model = make_model(CONFIGS[name](use_lstm=use_lstm), spec)
     outputs, state = model(inputs(spec, 3, 2), model.initial_state(2))
-    assert outputs["policy_logits"].shape == (3, 2, spec.num_actions)
+    assert outputs["policy_logits"].shape == (3, 2, spec.actions.nvec[0])
     assert outputs["baseline"].shape == (3, 2)
     assert outputs["action"].shape == (3, 2)
-    assert ((0 <= outputs["action"]) & (outputs["action"] < spec.num_actions)).all()
+    assert ((0 <= outputs["action"]) & (outputs["action"] < spec.actions.nvec[0])).all()
     assert len(state) == (2 if use_lstm else 0)
 
 

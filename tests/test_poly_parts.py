@@ -10,6 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from torchbeast_hydra.actions import ActionSpec
 from torchbeast_hydra.config import VtraceConfig
 from torchbeast_hydra.envs import EnvSpec
 from torchbeast_hydra.layout import rollout_specs
@@ -207,7 +208,7 @@ def test_inputs_must_share_the_batch_dimension():
 
 # -- unroll assembly -----------------------------------------------------------------------------
 
-SPEC = EnvSpec(obs_shape=(1,), obs_dtype=np.dtype("float32"), num_actions=2)
+SPEC = EnvSpec(obs_shape=(1,), obs_dtype=np.dtype("float32"), actions=ActionSpec.discrete(2))
 
 
 class Steps:

@@ -106,6 +106,7 @@ class VtraceConfig:
     baseline_cost: float = 0.5
     entropy_cost: float = 0.01
     reward_clipping: RewardClipping = RewardClipping.abs_one
+    reward_scale: float = 1.0  # rewards (after clipping) times this in the learning math, e.g. 0.1 for MuJoCo
     clip_rho_threshold: Optional[float] = 1.0
     clip_pg_rho_threshold: Optional[float] = 1.0
     # Your own loss terms, added to IMPALA's: name (ending in _loss, logged under it) ->
@@ -403,6 +404,7 @@ def validate(cfg) -> None:
     _check(0.0 <= cfg.vtrace.discounting <= 1.0, "vtrace.discounting must be in [0, 1].")
     for key in ("baseline_cost", "entropy_cost"):
         _check(cfg.vtrace[key] >= 0, f"vtrace.{key} must be >= 0.")
+    _check(cfg.vtrace.reward_scale > 0, "vtrace.reward_scale must be positive.")
     for key in ("clip_rho_threshold", "clip_pg_rho_threshold"):
         value = cfg.vtrace[key]
         _check(value is None or value > 0, f"vtrace.{key} must be positive or null (no clipping).")

@@ -1,9 +1,11 @@
 """Policies: a body that turns observations into features, then a shared actor-critic core.
 
 Every model takes time-major inputs [T, B, ...] (frame, reward, done, last_action) and returns
-policy_logits [T, B, A], baseline [T, B] and (unless asked not to) action [T, B]. The core
-appends the one-hot last action and the clipped reward to the features and, with use_lstm, runs
-an LSTM whose state is zeroed at episode boundaries (done). To try a new architecture, write a
+policy_logits [T, B, P] (the action distribution's parameters, distributions.py: logits for a
+Discrete space), baseline [T, B] and (unless asked not to) action [T, B, ...]. The core appends
+the encoded last action (one-hot per categorical dimension, the raw vector for Box) and the
+clipped reward to the features and, with use_lstm, runs an LSTM whose state is zeroed at episode
+boundaries (done). To try a new architecture, write a
 `Body` and a YAML file naming it (`_target_`): see the README's Extending section.
 """
 
@@ -18,7 +20,9 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
+from .actions import ActionSpec
 from .config import AtariNetConfig, ConfigError, MLPConfig, ResNetConfig
+from .distributions import distribution
 from .envs import EnvSpec
 
 
@@ -148,19 +152,21 @@ class MLPBody(Body):
 
 
 class ActorCritic(nn.Module):
-    """Body -> [features, one-hot last action, clipped reward] -> optional LSTM -> heads."""
+    """Body -> [features, encoded last action, clipped reward] -> optional LSTM -> heads."""
 
-    def __init__(self, body: nn.Module, num_actions: int, use_lstm: bool, lstm_layers: int = 1):
+    def __init__(self, body: nn.Module, actions: ActionSpec | int, use_lstm: bool, lstm_layers: int = 1):
+        """actions: the env's action space (an int: that many Discrete actions)."""
         super().__init__()
         self.body = body
-        self.num_actions = num_actions
-        core_size = body.output_size + num_actions + 1
+        self.actions = ActionSpec.discrete(actions) if isinstance(actions, int) else actions
+        self.dist = distribution(self.actions)
+        core_size = body.output_size + self.dist.encoded_size + 1
         self.use_lstm = use_lstm
         if use_lstm:
             self.lstm = nn.LSTM(core_size, core_size, num_layers=lstm_layers)
-        self.policy = nn.Linear(core_size, num_actions)
+        self.policy = self.dist.head(core_size)
         self.baseline = nn.Linear(core_size, 1)
-        orthogonal_(self.policy, gain=0.01)  # a near-uniform first policy, whatever the features
+        orthogonal_(self.policy, gain=0.01)  # a near-uniform (Box: centred) first policy, whatever the features
         orthogonal_(self.baseline, gain=1.0)
 
     def initial_state(self, batch_size: int = 1) -> tuple:
@@ -174,7 +180,7 @@ class ActorCritic(nn.Module):
         frame = inputs["frame"]
         T, B = frame.shape[:2]
         features = self.body(frame.flatten(0, 1))
-        last_action = F.one_hot(inputs["last_action"].flatten(0, 1), self.num_actions).float()
+        last_action = self.dist.encode(inputs["last_action"].flatten(0, 1))
         reward = inputs["reward"].flatten(0, 1).clamp(-1, 1).unsqueeze(-1)
         core_input = torch.cat([features, reward, last_action], dim=-1)
         if self.use_lstm:
@@ -182,16 +188,13 @@ class ActorCritic(nn.Module):
             core_output = core_output.flatten(0, 1)
         else:
             core_output = core_input
-        policy_logits = self.policy(core_output)
+        params = self.policy(core_output)
         baseline = self.baseline(core_output)
-        outputs = dict(policy_logits=policy_logits.view(T, B, self.num_actions), baseline=baseline.view(T, B))
+        outputs = dict(policy_logits=params.view(T, B, -1), baseline=baseline.view(T, B))
         if action == "greedy":
-            outputs["action"] = policy_logits.argmax(dim=-1).view(T, B)
+            outputs["action"] = self.dist.greedy(params).view(T, B, *self.actions.step_shape)
         elif action == "sample":
-            # Diverged weights (inf/NaN logits) must not crash the actors: they act uniformly
-            # there, and the learner's optim.on_nonfinite decides what the run does about it.
-            probs = torch.nan_to_num(F.softmax(policy_logits, dim=-1), nan=1.0, posinf=1.0)
-            outputs["action"] = torch.multinomial(probs, 1).view(T, B)
+            outputs["action"] = self.dist.sample(params).view(T, B, *self.actions.step_shape)
         return outputs, core_state
 
     def _lstm(self, core_input: torch.Tensor, done: torch.Tensor, core_state: tuple):
@@ -230,7 +233,7 @@ def make_model(cfg, spec: EnvSpec) -> ActorCritic:
             f"model {target} cannot be built for observations {tuple(spec.obs_shape)} with {body_fields}: {cause}"
         ) from cause
     _check_body(body, target, spec)
-    return ActorCritic(body, spec.num_actions, fields.get("use_lstm", False), fields.get("lstm_layers", 1))
+    return ActorCritic(body, spec.actions, fields.get("use_lstm", False), fields.get("lstm_layers", 1))
 
 
 def _check_body(body, target: str, spec: EnvSpec) -> None:
