@@ -93,7 +93,7 @@ def action_spec(space: gym.Space, env_id: str) -> ActionSpec:
             tuple(int(s) for s in np.broadcast_to(getattr(space, "start", 0), space.shape).ravel()),
         )
     if isinstance(space, gym.spaces.MultiBinary):
-        shape = tuple(np.atleast_1d(space.shape))
+        shape = tuple(int(n) for n in np.atleast_1d(space.shape))
         return ActionSpec(MULTI_BINARY, shape, (2,) * math.prod(shape), (0,) * math.prod(shape), env_dtype="int8")
     if isinstance(space, gym.spaces.Box) and np.issubdtype(space.dtype, np.floating) and space.is_bounded("both"):
         return ActionSpec(
@@ -105,8 +105,8 @@ def action_spec(space: gym.Space, env_id: str) -> ActionSpec:
         )
     raise ConfigError(
         f"env.id={env_id!r} has action space {space}, which is not supported: use an env (or a wrapper) "
-        "with a Discrete, MultiDiscrete, MultiBinary or float Box action space with finite bounds "
-        "(e.g. gymnasium.wrappers.RescaleAction for an unbounded Box)."
+        "with a Discrete, MultiDiscrete, MultiBinary or float Box action space; a Box needs finite bounds "
+        "(a wrapper can set action_space to the range the env accepts)."
     )
 
 
