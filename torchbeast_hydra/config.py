@@ -98,6 +98,7 @@ class MLPConfig(ModelConfig):
 
     _target_: str = "torchbeast_hydra.models.MLPBody"
     hidden_sizes: List[int] = field(default_factory=lambda: [64, 64])
+    normalize_obs: bool = False  # standardise observations by running statistics (checkpointed)
 
 
 @dataclass

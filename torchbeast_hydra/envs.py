@@ -105,6 +105,13 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
         )
     try:
         env = gym.make(spec, **kwargs)
+    except gym.error.DependencyNotInstalled as error:
+        if "mujoco" in str(error).lower():
+            raise ConfigError(
+                f'env.id={cfg.id!r} is a MuJoCo task: pip install "torchbeast_hydra[mujoco]" '
+                '(in a checkout: pip install ".[mujoco]").'
+            ) from None
+        raise ConfigError(f"could not create env.id={cfg.id!r}: {error}") from None
     except gym.error.Error as error:
         raise ConfigError(f"could not create env.id={cfg.id!r}: {error}") from None
     except Exception as error:  # e.g. a missing ROM, an unknown keyword, a bug in your env

@@ -133,14 +133,50 @@ class ResNetBody(Body):
         return F.relu(self.fc(self.stacks(x)))
 
 
-class MLPBody(Body):
-    """Fully connected layers over a flattened vector observation."""
+class RunningNorm(nn.Module):
+    """Observations standardised by a running mean and variance, then clipped to +-clip.
 
-    def __init__(self, obs_shape: tuple, hidden_sizes=(64, 64)):
+    The statistics are buffers: they are checkpointed and copied to the acting policy with the
+    weights. Only the learner's forward pass updates them (training mode, gradients on: the acting
+    copies run in eval mode under no_grad, test mode in eval mode), so they follow the data the
+    learner sees and stay frozen in test mode.
+    """
+
+    def __init__(self, size: int, clip: float = 10.0, epsilon: float = 1e-8):
+        super().__init__()
+        self.clip, self.epsilon = clip, epsilon
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("mean", torch.zeros(size, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(size, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.is_grad_enabled():
+            self._update(x.detach().double())
+        std = torch.sqrt(self.var + self.epsilon).to(x.dtype)
+        return ((x - self.mean.to(x.dtype)) / std).clamp(-self.clip, self.clip)
+
+    @torch.no_grad()
+    def _update(self, x: torch.Tensor) -> None:
+        """Merges the batch's moments into the running ones (Chan et al.'s parallel algorithm)."""
+        n = x.shape[0]
+        mean, var = x.mean(0), x.var(0, unbiased=False)
+        total = self.count + n
+        delta = mean - self.mean
+        self.var.copy_((self.var * self.count + var * n + delta.pow(2) * self.count * n / total) / total)
+        self.mean.add_(delta * n / total)
+        self.count.copy_(total)
+
+
+class MLPBody(Body):
+    """Fully connected layers over a flattened vector observation (standardised first with
+    normalize_obs: continuous control's observations differ in scale by orders of magnitude)."""
+
+    def __init__(self, obs_shape: tuple, hidden_sizes=(64, 64), normalize_obs: bool = False):
         super().__init__()
         if not hidden_sizes:
             raise ValueError("model.hidden_sizes needs at least one layer.")
         layers, size = [], math.prod(obs_shape)
+        self.normalize = RunningNorm(size) if normalize_obs else None
         for hidden in hidden_sizes:
             layers += [nn.Linear(size, hidden), nn.ReLU()]
             size = hidden
@@ -148,7 +184,10 @@ class MLPBody(Body):
         self.output_size = size
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        return self.layers(frames.float())
+        x = frames.float()
+        if self.normalize is not None:
+            x = self.normalize(x.flatten(1))
+        return self.layers(x)
 
 
 class ActorCritic(nn.Module):
