@@ -5,10 +5,10 @@ the best return, EPISODE. And a resume with another action space is refused, nam
 import os
 
 import pytest
+from action_envs import EPISODE
 
 from torchbeast_hydra import checkpoint
 
-from action_envs import EPISODE
 from conftest import REPO, cli_env, rows, run_cli
 
 pytestmark = pytest.mark.slow
