@@ -28,9 +28,10 @@ class FixedFrames:
     """A zero-cost env maker for EnvClient: the same frames every step, no episode ever ends."""
 
     def __init__(self, obs_shape: tuple, obs_dtype: str, num_actions: int):
+        from torchbeast_hydra.actions import ActionSpec
         from torchbeast_hydra.envs import EnvSpec
 
-        self.spec = EnvSpec(tuple(obs_shape), np.dtype(obs_dtype), num_actions)
+        self.spec = EnvSpec(tuple(obs_shape), np.dtype(obs_dtype), ActionSpec.discrete(num_actions))
 
     def __call__(self, num_envs: int, seed: int):
         return _Fixed(self.spec, num_envs)
@@ -83,7 +84,7 @@ class NullLearner:
         self.token = secrets.token_urlsafe(16)
         self.rollouts = RolloutQueue(args.learner_queue_size)
         self.inference = DynamicBatcher(
-            trivial_policy(maker.spec.num_actions),
+            trivial_policy(maker.spec.actions.nvec[0]),
             args.max_batch_size,
             args.batch_timeout_ms / 1000,
             producers=lambda: self.pool.connected,

@@ -3,11 +3,16 @@
     python benchmarks/learning.py pong                  # env=pong on mono and poly, seed 1, 5M steps
     python benchmarks/learning.py pong --backends mono --seeds 1 2 3 --stop-at-target
     python benchmarks/learning.py cartpole              # experiment=cartpole, seeds 1 2 3, both backends
+    python benchmarks/learning.py control               # experiment=control: InvertedPendulum-v5, 1M steps
+    python benchmarks/learning.py half_cheetah          # experiment=control env.id=HalfCheetah-v5, 3M steps
     python benchmarks/learning.py pong --from-runs outputs/2026-11-23/04-43-07 ...  # read runs, no training
 
 Pong: the product's main command (`python -m torchbeast_hydra env=pong`, nothing else), stopped
 after --max-steps agent steps (5M = 20M frames); target: mean return >= +18 over the last 100
-whole games. CartPole: experiment=cartpole to its own total_steps; target 475.
+whole games. CartPole: experiment=cartpole to its own total_steps; target 475. Control (needs
+pip install ".[mujoco]"): experiment=control on InvertedPendulum-v5, target 950 within its 1M
+steps; on HalfCheetah-v5 for 3M steps, against CleanRL's PPO at 1M steps (1,443 +- 46 on
+HalfCheetah-v4, its docs/benchmark/ppo_continuous_action.md) as the target line.
 
 Writes into --out (default benchmarks/results/TASK-DATE): curve.png (mean return of the last 100
 games against agent steps and against wall-clock hours, one line per backend and seed),
@@ -47,6 +52,13 @@ class Task:
 TASKS = {
     "pong": Task(overrides=("env=pong",), target=18.0, max_steps=5_000_000, seeds=(1,)),
     "cartpole": Task(overrides=("experiment=cartpole",), target=475.0, max_steps=None, seeds=(1, 2, 3)),
+    "control": Task(overrides=("experiment=control",), target=950.0, max_steps=None, seeds=(1, 2, 3)),
+    "half_cheetah": Task(
+        overrides=("experiment=control", "env.id=HalfCheetah-v5", "total_steps=3000000"),
+        target=1443.0,
+        max_steps=None,
+        seeds=(1, 2, 3),
+    ),
 }
 
 

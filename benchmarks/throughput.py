@@ -92,7 +92,7 @@ def env_steps_per_second(env_id: str, seconds: float = 5.0) -> float:
     envs = Environments(AtariEnvConfig(id=env_id), 1, seed=0)
     envs.initial()
     rng = np.random.default_rng(0)
-    actions = rng.integers(0, envs.spec.num_actions, size=(100_000, 1))
+    actions = rng.integers(0, envs.spec.actions.nvec[0], size=(100_000, 1))
     steps, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
         envs.step(actions[steps % len(actions)])

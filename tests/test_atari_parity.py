@@ -88,7 +88,7 @@ def test_outputs_are_identical_step_by_step(game, steps):
             np.testing.assert_array_equal(a[key], b[key], err_msg=f"{key} at reset")
         for step in range(1, steps + 1):
             before = a["frame"].copy()
-            actions = rng.integers(0, ours.spec.num_actions, 2)
+            actions = rng.integers(0, ours.spec.actions.nvec[0], 2)
             a, b = ours.step(actions), native.step(actions)
             for key in a:
                 np.testing.assert_array_equal(a[key], b[key], err_msg=f"{key} at step {step}")

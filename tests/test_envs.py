@@ -9,7 +9,7 @@ def test_atari_preprocessing_matches_torchbeast():
     spec = probe_env(EnvConfig(id="ALE/Pong-v5"))
     assert spec.obs_shape == (4, 84, 84)
     assert spec.obs_dtype == np.uint8
-    assert spec.num_actions == 6  # minimal action set
+    assert spec.actions.nvec[0] == 6  # minimal action set
 
 
 def test_sticky_actions_are_off_by_default_and_configurable():
@@ -22,7 +22,7 @@ def test_sticky_actions_are_off_by_default_and_configurable():
 def test_non_atari_ids_get_no_atari_wrappers():
     assert not is_atari("CartPole-v1")
     spec = probe_env(EnvConfig(id="CartPole-v1"))
-    assert spec.obs_shape == (4,) and spec.num_actions == 2
+    assert spec.obs_shape == (4,) and spec.actions.nvec[0] == 2
 
 
 def test_unknown_env_id_suggests_close_matches():
@@ -32,9 +32,17 @@ def test_unknown_env_id_suggests_close_matches():
         probe_env(EnvConfig(id="NoSuchEnvironment-v0"))
 
 
-def test_continuous_actions_are_refused_clearly():
-    with pytest.raises(ConfigError, match="Discrete"):
-        probe_env(EnvConfig(id="Pendulum-v1"))
+def test_bounded_box_actions_are_accepted_and_clipped_at_the_env():
+    spec = probe_env(EnvConfig(id="Pendulum-v1"))
+    assert spec.actions.kind == "box" and spec.actions.step_shape == (1,) and spec.actions.high == (2.0,)
+    envs = Environments(EnvConfig(id="Pendulum-v1"), 2, seed=0)
+    envs.initial()
+    out = envs.step(np.array([[100.0], [-0.5]], np.float32))
+    assert out["last_action"].tolist() == [[100.0], [-0.5]]  # what the policy sampled, unclipped
+    assert envs.envs[0].unwrapped.last_u == 2.0  # what the env was given: clipped to its bound
+    with pytest.raises(ValueError, match=r"not finite .* envs \[1\]"):
+        envs.step(np.array([[0.0], [np.nan]], np.float32))
+    envs.close()
 
 
 def test_episodic_life_ends_learning_episodes_but_logs_full_game_return():
@@ -43,7 +51,7 @@ def test_episodic_life_ends_learning_episodes_but_logs_full_game_return():
     rng = np.random.default_rng(0)
     dones, total_reward = 0, 0.0
     for _ in range(20_000):
-        out = envs.step(rng.integers(0, envs.spec.num_actions, size=1))
+        out = envs.step(rng.integers(0, envs.spec.actions.nvec[0], size=1))
         total_reward += out["reward"][0]
         dones += int(out["done"][0])
         if out["episode_end"][0]:

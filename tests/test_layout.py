@@ -5,12 +5,13 @@ import numpy as np
 import torch
 
 from torchbeast_hydra import layout
+from torchbeast_hydra.actions import ActionSpec
 from torchbeast_hydra.config import EnvConfig
 from torchbeast_hydra.envs import Environments, EnvSpec
 from torchbeast_hydra.mono import create_buffers
 from torchbeast_hydra.poly import wire
 
-SPEC = EnvSpec(obs_shape=(4, 84, 84), obs_dtype=np.dtype(np.uint8), num_actions=6)
+SPEC = EnvSpec(obs_shape=(4, 84, 84), obs_dtype=np.dtype(np.uint8), actions=ActionSpec.discrete(6))
 
 
 def test_specs_resolve_the_env_spaces():

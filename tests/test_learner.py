@@ -11,6 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from torchbeast_hydra import models
+from torchbeast_hydra.actions import ActionSpec
 from torchbeast_hydra.config import (
     Config,
     ConfigError,
@@ -322,7 +323,7 @@ def test_padding_in_one_column_of_a_batch():
 # Learner: one optimiser step on a tiny MLP.
 # ---------------------------------------------------------------------------------------------
 
-SPEC = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype("float32"), num_actions=2)
+SPEC = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype("float32"), actions=ActionSpec.discrete(2))
 
 
 def learner_cfg(batch_size=2, unroll_length=3, total_steps=24, anneal_lr=True, use_lstm=False):
@@ -345,7 +346,7 @@ def make_learner(cfg) -> Learner:
 
 
 def learner_batch(cfg, seed=0) -> dict:
-    batch, _ = random_rollout(cfg.unroll_length, cfg.batch_size, SPEC.num_actions, seed)
+    batch, _ = random_rollout(cfg.unroll_length, cfg.batch_size, SPEC.actions.nvec[0], seed)
     return batch
 
 

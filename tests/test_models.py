@@ -1,7 +1,9 @@
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
+from torchbeast_hydra.actions import action_spec
 from torchbeast_hydra.config import AtariNetConfig, ConfigError, MLPConfig, ResNetConfig
 from torchbeast_hydra.envs import EnvSpec
 from torchbeast_hydra.models import make_model
@@ -19,7 +21,7 @@ def inputs(spec, T, B, done=None):
         frame=frame,
         reward=torch.randn(T, B),
         done=torch.zeros(T, B, dtype=torch.bool) if done is None else done,
-        last_action=torch.randint(0, spec.num_actions, (T, B)),
+        last_action=torch.randint(0, spec.actions.nvec[0], (T, B)),
     )
 
 
@@ -31,10 +33,10 @@ CONFIGS = dict(atari_net=AtariNetConfig, resnet=ResNetConfig, mlp=MLPConfig)
 def test_output_shapes(name, spec, use_lstm):
     model = make_model(CONFIGS[name](use_lstm=use_lstm), spec)
     outputs, state = model(inputs(spec, 3, 2), model.initial_state(2))
-    assert outputs["policy_logits"].shape == (3, 2, spec.num_actions)
+    assert outputs["policy_logits"].shape == (3, 2, spec.actions.nvec[0])
     assert outputs["baseline"].shape == (3, 2)
     assert outputs["action"].shape == (3, 2)
-    assert ((0 <= outputs["action"]) & (outputs["action"] < spec.num_actions)).all()
+    assert ((0 <= outputs["action"]) & (outputs["action"] < spec.actions.nvec[0])).all()
     assert len(state) == (2 if use_lstm else 0)
 
 
@@ -119,3 +121,62 @@ def test_atari_net_starts_orthogonal_and_the_policy_near_uniform():
     outputs, _ = model(inputs(ATARI, 2, 3), action="none")
     probabilities = outputs["policy_logits"].softmax(-1)
     assert torch.allclose(probabilities, torch.full_like(probabilities, 1 / 6), atol=0.02)
+
+
+# -- other action spaces and observation normalisation ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "space",
+    [gym.spaces.MultiDiscrete([3, 2]), gym.spaces.MultiBinary(3), gym.spaces.Box(-2.0, 2.0, (2,), np.float32)],
+    ids=["multi_discrete", "multi_binary", "box"],
+)
+def test_the_policy_head_and_last_action_follow_the_action_space(space):
+    actions = action_spec(space, "Test-v0")
+    model = make_model(MLPConfig(hidden_sizes=[8]), EnvSpec((4,), np.dtype(np.float32), actions))
+    T, B = 3, 2
+    last_action = torch.from_numpy(np.stack([space.sample() for _ in range(T * B)]).reshape(T, B, -1))
+    inputs = dict(frame=torch.randn(T, B, 4), reward=torch.zeros(T, B), done=torch.zeros(T, B, dtype=torch.bool))
+    inputs["last_action"] = last_action.float() if actions.kind == "box" else last_action.long()
+    outputs, _ = model(inputs)
+    assert outputs["policy_logits"].shape == (T, B, actions.num_params)
+    assert outputs["action"].shape == (T, B, actions.size) and str(outputs["action"].dtype) == f"torch.{actions.dtype}"
+    greedy, _ = model(inputs, action="greedy")
+    if actions.kind == "box":  # the mean, and a log std of 0 (std 1) at first
+        torch.testing.assert_close(greedy["action"], outputs["policy_logits"][..., :2])
+        assert (outputs["policy_logits"][..., 2:] == 0).all()
+    # The core sees the last action: changing it changes the policy.
+    other = dict(inputs, last_action=torch.zeros_like(inputs["last_action"]) + (0.5 if actions.kind == "box" else 0))
+    assert not torch.equal(model(other, action="none")[0]["baseline"], outputs["baseline"])
+
+
+def test_running_norm_learns_from_the_learner_only_and_is_checkpointed():
+    torch.manual_seed(0)
+    spec = EnvSpec((3,), np.dtype(np.float32), 2)
+    model = make_model(MLPConfig(hidden_sizes=[8], normalize_obs=True), spec)
+    norm = model.body.normalize
+    assert norm.count == 0  # building and checking the model (no_grad) taught it nothing
+    frames = torch.randn(50, 40, 3, dtype=torch.float64) * torch.tensor([1.0, 10.0, 100.0]) + 5
+    inputs = dict(
+        frame=frames,
+        reward=torch.zeros(50, 40),
+        done=torch.zeros(50, 40, dtype=torch.bool),
+        last_action=torch.zeros(50, 40, dtype=torch.long),
+    )
+    model.train()
+    for half in (slice(0, 25), slice(25, 50)):  # the learner's pass on two batches
+        model({key: value[half] for key, value in inputs.items()}, action="none")
+    flat = frames.reshape(-1, 3)
+    torch.testing.assert_close(norm.mean, flat.mean(0))
+    torch.testing.assert_close(norm.var, flat.var(0, unbiased=False))
+    assert norm.count == 2000
+    state = model.state_dict()
+    assert {"body.normalize.mean", "body.normalize.var", "body.normalize.count"} <= set(state)
+    acting = make_model(MLPConfig(hidden_sizes=[8], normalize_obs=True), spec)
+    acting.load_state_dict(state)
+    acting.eval()
+    with torch.no_grad():
+        acting(inputs)  # acting and test mode: frozen
+    torch.testing.assert_close(acting.body.normalize.mean, norm.mean)
+    normalised = norm(flat.float())
+    assert normalised.abs().max() <= 10.0 and torch.allclose(normalised.mean(0), torch.zeros(3), atol=1e-3)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from torchbeast_hydra import checkpoint
+from torchbeast_hydra.actions import ActionSpec
 from torchbeast_hydra.poly import wire
 
 from conftest import TINY, actor_pids, cli_env, rows, run_cli, start_cli, steps, wait_for
@@ -90,7 +91,7 @@ def hello(num_envs=1, obs_shape=(4,), num_actions=2):
     message.hello.num_envs = num_envs
     message.hello.obs_shape[:] = obs_shape
     message.hello.obs_dtype = "float32"
-    message.hello.num_actions = num_actions
+    message.hello.action_space = wire.action_space_text(ActionSpec.discrete(num_actions))
     return message.SerializeToString()
 
 

@@ -10,6 +10,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from torchbeast_hydra import layout
+from torchbeast_hydra.actions import ActionSpec
 from torchbeast_hydra.config import VtraceConfig
 from torchbeast_hydra.envs import EnvSpec
 from torchbeast_hydra.layout import rollout_specs
@@ -79,8 +81,13 @@ def env_outputs(n=2, last_action=0, reward=0.0):
     )
 
 
+STEP_SPEC = EnvSpec((4,), np.dtype("float32"), ActionSpec.discrete(3))
+
+
 def decode(raw, n=2):
-    return wire.decode_step(wire.parse(wire.ClientMessage, raw), n, (4,), "float32", 3)
+    return wire.decode_step(
+        wire.parse(wire.ClientMessage, raw), n, layout.numpy_specs(STEP_SPEC, layout.ENV), STEP_SPEC.actions
+    )
 
 
 def test_step_round_trip():
@@ -113,7 +120,7 @@ def test_malformed_steps_are_rejected_with_the_reason(raw, reason):
 
 def test_actions_outside_the_action_space_are_rejected():
     with pytest.raises(wire.WireError, match="outside the action space"):
-        wire.decode_actions(wire.encode_array(np.array([0, 5])), 2, 3)
+        wire.decode_actions(wire.encode_array(np.array([0, 5])), 2, ActionSpec.discrete(3))
 
 
 # -- dynamic batcher -----------------------------------------------------------------------------
@@ -207,7 +214,7 @@ def test_inputs_must_share_the_batch_dimension():
 
 # -- unroll assembly -----------------------------------------------------------------------------
 
-SPEC = EnvSpec(obs_shape=(1,), obs_dtype=np.dtype("float32"), num_actions=2)
+SPEC = EnvSpec(obs_shape=(1,), obs_dtype=np.dtype("float32"), actions=ActionSpec.discrete(2))
 
 
 class Steps:

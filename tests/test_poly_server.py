@@ -12,20 +12,21 @@ import pytest
 import torch
 
 from torchbeast_hydra import layout
+from torchbeast_hydra.actions import ActionSpec
 from torchbeast_hydra.envs import EnvSpec
 from torchbeast_hydra.poly import wire
 from torchbeast_hydra.poly.batcher import DynamicBatcher
 from torchbeast_hydra.poly.server import ActorPool, ServerSettings, make_server
 
 TOKEN = "server-token"
-SPEC = EnvSpec((3,), np.dtype(np.float32), 2)
+SPEC = EnvSpec((3,), np.dtype(np.float32), ActionSpec.discrete(2))
 
 
 def trivial_policy(inputs: dict) -> dict:
     n = inputs["frame"].shape[0]
     return dict(
         action=torch.zeros(n, dtype=torch.int64),
-        policy_logits=torch.zeros(n, SPEC.num_actions),
+        policy_logits=torch.zeros(n, SPEC.actions.num_params),
         baseline=torch.zeros(n),
     )
 
@@ -67,7 +68,7 @@ def hello(num_envs=2):
     message.hello.num_envs = num_envs
     message.hello.obs_shape[:] = SPEC.obs_shape
     message.hello.obs_dtype = "float32"
-    message.hello.num_actions = SPEC.num_actions
+    message.hello.action_space = wire.action_space_text(SPEC.actions)
     return message.SerializeToString()
 
 

@@ -51,7 +51,7 @@ def test_a_lost_life_is_done_but_not_the_end_and_returns_span_the_whole_game():
     returns, life_losses = np.zeros(2), 0
     try:
         for _ in range(5000):
-            out = envs.step(rng.integers(0, envs.spec.num_actions, 2))
+            out = envs.step(rng.integers(0, envs.spec.actions.nvec[0], 2))
             returns += out["reward"]
             lost = out["done"] & ~out["episode_end"]
             life_losses += lost.sum()

@@ -3,8 +3,10 @@
 Reading order, following the data:
 
 1. envs.py      an env (any gymnasium id; Atari preprocessed) and a few stepped in lockstep
+   actions.py   the env's action space: its kind, the array an action is, its checks
    layout.py    the rollout layout: every key a rollout holds, with its shape and dtype
 2. models.py    the policy: a body (obs -> features) on the shared actor-critic core
+   distributions.py  the action space's distribution: sample, greedy, log-prob, entropy, KL
    mono.py      the actors of MonoBeast: processes that act and fill shared-memory rollouts
    poly/        the actors of PolyBeast: env clients, the ActorPool server, central inference
    vector_envs.py  ale-py's native vector env, the same contract as envs.py, for poly clients

@@ -120,6 +120,7 @@ class MLPConfig(ModelConfig):
 
     _target_: str = "torchbeast_hydra.models.MLPBody"
     hidden_sizes: List[int] = field(default_factory=lambda: [64, 64])  # one ReLU layer each
+    normalize_obs: bool = False  # standardise observations by running statistics (checkpointed)
 
 
 @dataclass
@@ -131,6 +132,7 @@ class VtraceConfig:
     # Weight of the entropy bonus. MonoBeast's 0.0006 never learned Pong: see docs/defaults.md.
     entropy_cost: float = 0.01
     reward_clipping: RewardClipping = RewardClipping.abs_one
+    reward_scale: float = 1.0  # rewards (after clipping) times this in the learning math, e.g. 0.1 for MuJoCo
     clip_rho_threshold: Optional[float] = 1.0  # rho-bar of the value targets; null: no clipping
     clip_pg_rho_threshold: Optional[float] = 1.0  # rho-bar for the policy gradient's advantages; null: no clipping
     # Your own loss terms, added to IMPALA's: name (ending in _loss, logged under it) ->
@@ -452,6 +454,7 @@ def validate(cfg) -> None:
     _check(0.0 <= cfg.vtrace.discounting <= 1.0, "vtrace.discounting must be in [0, 1].")
     for key in ("baseline_cost", "entropy_cost"):
         _check(cfg.vtrace[key] >= 0, f"vtrace.{key} must be >= 0.")
+    _check(cfg.vtrace.reward_scale > 0, "vtrace.reward_scale must be positive.")
     for key in ("clip_rho_threshold", "clip_pg_rho_threshold"):
         value = cfg.vtrace[key]
         _check(value is None or value > 0, f"vtrace.{key} must be positive or null (no clipping).")

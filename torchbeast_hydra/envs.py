@@ -28,6 +28,7 @@ import gymnasium as gym
 import numpy as np
 
 from . import layout
+from .actions import BOX, ActionSpec, action_spec, check, to_env
 from .config import ConfigError, EnvConfig, atari_settings
 
 
@@ -112,6 +113,13 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
         )
     try:
         env = gym.make(spec, **kwargs)
+    except gym.error.DependencyNotInstalled as error:
+        if "mujoco" in str(error).lower():
+            raise ConfigError(
+                f'env.id={cfg.id!r} is a MuJoCo task: pip install "torchbeast_hydra[mujoco]" '
+                '(in a checkout: pip install ".[mujoco]").'
+            ) from None
+        raise ConfigError(f"could not create env.id={cfg.id!r}: {error}") from None
     except gym.error.Error as error:
         raise ConfigError(f"could not create env.id={cfg.id!r}: {error}") from None
     except Exception as error:  # e.g. a missing ROM, an unknown keyword, a bug in your env
@@ -142,22 +150,22 @@ class EnvSpec:
 
     obs_shape: tuple
     obs_dtype: np.dtype
-    num_actions: int
+    actions: ActionSpec  # the action space (actions.py); an int n stands for Discrete(n)
+
+    def __post_init__(self):
+        if isinstance(self.actions, (int, np.integer)):
+            object.__setattr__(self, "actions", ActionSpec.discrete(int(self.actions)))
 
 
 def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
-    if not isinstance(env.action_space, gym.spaces.Discrete):
-        raise ConfigError(
-            f"env.id={env_id!r} has action space {env.action_space}; IMPALA here needs a "
-            "Discrete one. Wrap the env (e.g. discretize actions) or pick another id."
-        )
+    actions = action_spec(env.action_space, env_id)
     space = env.observation_space
     if not isinstance(space, gym.spaces.Box):
         raise ConfigError(
             f"env.id={env_id!r} has observation space {space}; a Box is needed (wrap Dict/Tuple "
             "observations, e.g. gymnasium.wrappers.FlattenObservation)."
         )
-    return EnvSpec(tuple(space.shape), np.dtype(space.dtype), int(env.action_space.n))
+    return EnvSpec(tuple(space.shape), np.dtype(space.dtype), actions)
 
 
 def probe_env(cfg: EnvConfig) -> EnvSpec:
@@ -187,6 +195,8 @@ class Environments:
         )
         n = num_envs
         self.out = layout.env_outputs(self.spec, n)  # the rollout layout's env keys, one row per env
+        self._to_env = to_env(self.spec.actions)  # a rollout's action -> env.step's (Box: clipped to bounds)
+        self._check_finite = self.spec.actions.kind == BOX  # sampled categories are always in range
         self._return = np.zeros(n, np.float32)
         self._steps = np.zeros(n, np.int32)
         self._lives = np.zeros(n, np.int64)
@@ -203,10 +213,13 @@ class Environments:
         return self.out
 
     def step(self, actions: np.ndarray) -> dict:
+        """actions [num_envs, *spec.actions.step_shape]; Box actions non-finite raise actions.ActionError."""
+        if self._check_finite:
+            check(self.spec.actions, actions, "the policy's actions")
         out = self.out
         out["last_action"][:] = actions
         for i, env in enumerate(self.envs):
-            action = int(actions[i])
+            action = self._to_env(actions[i])
             obs, reward, terminated, truncated, _ = env.step(action)
             self._return[i] += reward
             self._steps[i] += 1

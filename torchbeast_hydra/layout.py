@@ -4,9 +4,16 @@ Env outputs (envs.Environments), mono's shared buffers, the wire format's Step (
 the learner's batches all derive from `LAYOUT`. A rollout is [T+1, ...] per key; see learner.py
 for what the rows mean.
 
-Shapes and dtypes may name the env's spaces: OBS (the observation's shape or dtype) and ACTIONS
-(the number of actions). Adding a key here adds it everywhere; who writes it says where its
-values come from: the env (sent by poly clients), the acting policy, or the backend (the mask).
+Shapes and dtypes may name the env's spaces: OBS (the observation's shape or dtype), ACTION (an
+action's per-step shape or dtype: () int64 for Discrete, (D,) for the other kinds, see actions.py)
+and PARAMS (the size of the policy's distribution parameters, see distributions.py). Adding a key
+here adds it everywhere; who writes it says where its values come from: the env (sent by poly
+clients), the acting policy, or the backend (the mask).
+
+What V-trace needs from the behaviour policy is the action it took and its distribution's
+parameters (`policy_logits`: logits for the categorical kinds, mean and log std for Box), from
+which the learner computes the behaviour's log-probability of the action (and a KL term could
+compare whole distributions).
 """
 
 from __future__ import annotations
@@ -16,14 +23,15 @@ from typing import NamedTuple
 import numpy as np
 
 OBS = "obs"  # the env's observation shape, or its dtype
-ACTIONS = "actions"  # the number of actions
+ACTION = "action"  # an action's per-step shape, or its dtype
+PARAMS = "params"  # the number of the action distribution's parameters
 
 ENV, AGENT, BACKEND = "env", "agent", "backend"  # who writes a key
 
 
 class Field(NamedTuple):
-    shape: tuple | str  # per step: a tuple (entries may be ACTIONS), or OBS
-    dtype: str  # a numpy dtype name, or OBS
+    shape: tuple | str  # per step: a tuple (entries may be PARAMS), or OBS or ACTION
+    dtype: str  # a numpy dtype name, or OBS or ACTION
     writer: str  # ENV, AGENT or BACKEND
 
 
@@ -34,11 +42,11 @@ LAYOUT = {
     "done": Field((), "bool", ENV),  # an episode ended for learning (a lost life counts)
     "episode_return": Field((), "float32", ENV),
     "episode_step": Field((), "int32", ENV),
-    "last_action": Field((), "int64", ENV),
+    "last_action": Field(ACTION, ACTION, ENV),
     "episode_end": Field((), "bool", ENV),  # the whole game ended: episode_return is final
     # Written by the acting policy, in the row of the env output its action answers.
-    "action": Field((), "int64", AGENT),
-    "policy_logits": Field((ACTIONS,), "float32", AGENT),
+    "action": Field(ACTION, ACTION, AGENT),  # Box: as sampled, before clipping to the bounds
+    "policy_logits": Field((PARAMS,), "float32", AGENT),  # the distribution's parameters
     "baseline": Field((), "float32", AGENT),
     # Written by the backend: real steps (partial rollouts are padded).
     "mask": Field((), "bool", BACKEND),
@@ -50,15 +58,17 @@ AGENT_KEYS = tuple(key for key, f in LAYOUT.items() if f.writer == AGENT)
 
 def numpy_specs(spec, writer: str | None = None) -> dict:
     """key -> (per-step shape, numpy dtype) for an env's spec (envs.EnvSpec); one writer's keys, or all."""
+    shapes = {OBS: tuple(spec.obs_shape), ACTION: spec.actions.step_shape}
+    dtypes = {OBS: np.dtype(spec.obs_dtype), ACTION: np.dtype(spec.actions.dtype)}
     out = {}
     for key, f in LAYOUT.items():
         if writer is not None and f.writer != writer:
             continue
-        shape = (
-            tuple(spec.obs_shape) if f.shape == OBS else tuple(spec.num_actions if d == ACTIONS else d for d in f.shape)
-        )
-        dtype = np.dtype(spec.obs_dtype) if f.dtype == OBS else np.dtype(f.dtype)
-        out[key] = (shape, dtype)
+        if isinstance(f.shape, str):
+            shape = shapes[f.shape]
+        else:
+            shape = tuple(spec.actions.num_params if d == PARAMS else d for d in f.shape)
+        out[key] = (shape, dtypes[f.dtype] if f.dtype in dtypes else np.dtype(f.dtype))
     return out
 
 

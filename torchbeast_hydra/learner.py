@@ -6,6 +6,10 @@ at row t, together with that action and the behaviour policy's logits; so the le
 rows 1..T of the batch against the learner's outputs for rows 0..T-1, and the learner's value at
 row T bootstraps the return. `mask` (rows 1..T) marks real steps; partial rollouts are padded.
 
+The learning math never asks which action space it is: the action distribution (distributions.py,
+the model's `dist`) scores actions, and V-trace's importance weights are log-probability
+differences, log rho = log pi(a|x) - log mu(a|x), summed over an action's independent dimensions.
+
 The loss is a dict of named terms (pg_loss, baseline_loss, entropy_loss, and yours from
 vtrace.extra_losses), each a function of `LossInputs` times its cost; the learner sums them and
 logs each one.
@@ -20,11 +24,12 @@ from typing import Callable
 
 import hydra
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from . import vtrace
+from .actions import ActionSpec
 from .config import ConfigError, OnNonFinite, OptimConfig, OptimName, RewardClipping, VtraceConfig
+from .distributions import Distribution, distribution
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +40,9 @@ class LossInputs:
 
     steps: the batch's rows 1..T ([T, B, ...]: reward, done, action, the behaviour policy's
     policy_logits, ...); outputs: the learner's forward pass on rows 0..T-1 (policy_logits,
-    baseline) and bootstrap_value its baseline at row T; rewards: clipped as configured;
-    mask: 1.0 on real steps, 0.0 on padding (multiply every per-step term by it).
+    baseline) and bootstrap_value its baseline at row T; rewards: clipped and scaled as
+    configured; mask: 1.0 on real steps, 0.0 on padding (multiply every per-step term by it);
+    dist: the action distribution (log_prob, entropy, kl of policy_logits; distributions.py).
     """
 
     cfg: VtraceConfig
@@ -46,6 +52,7 @@ class LossInputs:
     rewards: torch.Tensor
     mask: torch.Tensor
     targets: vtrace.VTraceReturns
+    dist: Distribution
 
 
 # A loss term: LossInputs -> a scalar tensor (summed over time and batch, as in TorchBeast).
@@ -53,9 +60,8 @@ LossTerm = Callable[[LossInputs], torch.Tensor]
 
 
 def policy_gradient_term(inputs: LossInputs) -> torch.Tensor:
-    return policy_gradient_loss(
-        inputs.outputs["policy_logits"], inputs.steps["action"], inputs.targets.pg_advantages, inputs.mask
-    )
+    log_probs = inputs.dist.log_prob(inputs.outputs["policy_logits"], inputs.steps["action"])
+    return -(log_probs * inputs.targets.pg_advantages.detach() * inputs.mask).sum()
 
 
 def baseline_term(inputs: LossInputs) -> torch.Tensor:
@@ -63,7 +69,7 @@ def baseline_term(inputs: LossInputs) -> torch.Tensor:
 
 
 def entropy_term(inputs: LossInputs) -> torch.Tensor:
-    return negative_entropy(inputs.outputs["policy_logits"], inputs.mask)
+    return -(inputs.dist.entropy(inputs.outputs["policy_logits"]) * inputs.mask).sum()
 
 
 # IMPALA's terms: name -> (term, the vtrace config field holding its cost; None: cost 1).
@@ -96,20 +102,25 @@ def loss_terms(cfg: VtraceConfig) -> dict:
     return terms
 
 
-def compute_losses(cfg: VtraceConfig, batch: dict, outputs: dict, terms: dict | None = None) -> dict:
+def compute_losses(
+    cfg: VtraceConfig, batch: dict, outputs: dict, terms: dict | None = None, dist: Distribution | None = None
+) -> dict:
     """The loss terms (each times its cost) and their sum, total_loss (to differentiate).
 
     batch: the rollouts [T+1, B, ...]; outputs: the learner's forward pass over them; terms:
-    loss_terms(cfg), resolved once by the caller (default: resolved here).
+    loss_terms(cfg), resolved once by the caller (default: resolved here); dist: the model's
+    action distribution (default: a categorical over policy_logits, a Discrete space).
     """
-    inputs = loss_inputs(cfg, batch, outputs)
+    inputs = loss_inputs(cfg, batch, outputs, dist)
     terms = loss_terms(cfg) if terms is None else terms
     losses = {name: cost * term(inputs) for name, (term, cost) in terms.items()}
     return dict(total_loss=sum(losses.values()), **losses)
 
 
-def loss_inputs(cfg: VtraceConfig, batch: dict, outputs: dict) -> LossInputs:
+def loss_inputs(cfg: VtraceConfig, batch: dict, outputs: dict, dist: Distribution | None = None) -> LossInputs:
     """Aligns rows (learner outputs 0..T-1 against batch rows 1..T) and computes V-trace targets."""
+    if dist is None:
+        dist = distribution(ActionSpec.discrete(outputs["policy_logits"].shape[-1]))
     bootstrap_value = outputs["baseline"][-1]
     steps = {key: value[1:] for key, value in batch.items()}
     outputs = {key: value[:-1] for key, value in outputs.items()}
@@ -118,10 +129,12 @@ def loss_inputs(cfg: VtraceConfig, batch: dict, outputs: dict) -> LossInputs:
     rewards = steps["reward"]
     if RewardClipping(cfg.reward_clipping) is RewardClipping.abs_one:
         rewards = rewards.clamp(-1, 1)
+    if cfg.reward_scale != 1.0:
+        rewards = rewards * cfg.reward_scale
     discounts = (~steps["done"]).float() * cfg.discounting
 
-    behavior_log_probs = vtrace.action_log_probs(steps["policy_logits"], steps["action"])
-    target_log_probs = vtrace.action_log_probs(outputs["policy_logits"], steps["action"])
+    behavior_log_probs = dist.log_prob(steps["policy_logits"], steps["action"])
+    target_log_probs = dist.log_prob(outputs["policy_logits"], steps["action"])
     # A zero importance weight on padding zeroes its TD errors, so nothing flows back from it
     # into the targets of real steps (the last real value still bootstraps them).
     log_rhos = (target_log_probs - behavior_log_probs).masked_fill(mask == 0, -math.inf)
@@ -134,17 +147,7 @@ def loss_inputs(cfg: VtraceConfig, batch: dict, outputs: dict) -> LossInputs:
         clip_rho_threshold=cfg.clip_rho_threshold,
         clip_pg_rho_threshold=cfg.clip_pg_rho_threshold,
     )
-    return LossInputs(cfg, steps, outputs, bootstrap_value, rewards, mask, targets)
-
-
-def policy_gradient_loss(logits, actions, advantages, mask) -> torch.Tensor:
-    cross_entropy = F.cross_entropy(logits.flatten(0, 1), actions.flatten(), reduction="none")
-    return (cross_entropy.view_as(advantages) * advantages.detach() * mask).sum()
-
-
-def negative_entropy(logits, mask) -> torch.Tensor:
-    log_policy = F.log_softmax(logits, dim=-1)
-    return ((log_policy.exp() * log_policy).sum(-1) * mask).sum()
+    return LossInputs(cfg, steps, outputs, bootstrap_value, rewards, mask, targets, dist)
 
 
 def make_optimizer(cfg: OptimConfig, params) -> torch.optim.Optimizer:
@@ -206,7 +209,7 @@ class Learner:
         self.steps += int(batch["mask"][1:].sum())
         self.model.train()
         outputs, _ = self.model(batch, initial_core_state, action="none")
-        losses = compute_losses(self.cfg.vtrace, batch, outputs, self.loss_terms)
+        losses = compute_losses(self.cfg.vtrace, batch, outputs, self.loss_terms, self.model.dist)
         self.optimizer.zero_grad(set_to_none=True)
         losses["total_loss"].backward()
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_norm_clipping)

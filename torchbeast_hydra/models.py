@@ -1,9 +1,11 @@
 """Policies: a body that turns observations into features, then a shared actor-critic core.
 
 Every model takes time-major inputs [T, B, ...] (frame, reward, done, last_action) and returns
-policy_logits [T, B, A], baseline [T, B] and (unless asked not to) action [T, B]. The core
-appends the one-hot last action and the clipped reward to the features and, with use_lstm, runs
-an LSTM whose state is zeroed at episode boundaries (done). To try a new architecture, write a
+policy_logits [T, B, P] (the action distribution's parameters, distributions.py: logits for a
+Discrete space), baseline [T, B] and (unless asked not to) action [T, B, ...]. The core appends
+the encoded last action (one-hot per categorical dimension, the raw vector for Box) and the
+clipped reward to the features and, with use_lstm, runs an LSTM whose state is zeroed at episode
+boundaries (done). To try a new architecture, write a
 `Body` and a YAML file naming it (`_target_`): see the README's Extending section.
 """
 
@@ -18,7 +20,9 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
+from .actions import ActionSpec
 from .config import AtariNetConfig, ConfigError, MLPConfig, ResNetConfig
+from .distributions import distribution
 from .envs import EnvSpec
 
 
@@ -129,14 +133,50 @@ class ResNetBody(Body):
         return F.relu(self.fc(self.stacks(x)))
 
 
-class MLPBody(Body):
-    """Fully connected layers over a flattened vector observation."""
+class RunningNorm(nn.Module):
+    """Observations standardised by a running mean and variance, then clipped to +-clip.
 
-    def __init__(self, obs_shape: tuple, hidden_sizes=(64, 64)):
+    The statistics are buffers: they are checkpointed and copied to the acting policy with the
+    weights. Only the learner's forward pass updates them (training mode, gradients on: the acting
+    copies run in eval mode under no_grad, test mode in eval mode), so they follow the data the
+    learner sees and stay frozen in test mode.
+    """
+
+    def __init__(self, size: int, clip: float = 10.0, epsilon: float = 1e-8):
+        super().__init__()
+        self.clip, self.epsilon = clip, epsilon
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("mean", torch.zeros(size, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(size, dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.is_grad_enabled():
+            self._update(x.detach().double())
+        std = torch.sqrt(self.var + self.epsilon).to(x.dtype)
+        return ((x - self.mean.to(x.dtype)) / std).clamp(-self.clip, self.clip)
+
+    @torch.no_grad()
+    def _update(self, x: torch.Tensor) -> None:
+        """Merges the batch's moments into the running ones (Chan et al.'s parallel algorithm)."""
+        n = x.shape[0]
+        mean, var = x.mean(0), x.var(0, unbiased=False)
+        total = self.count + n
+        delta = mean - self.mean
+        self.var.copy_((self.var * self.count + var * n + delta.pow(2) * self.count * n / total) / total)
+        self.mean.add_(delta * n / total)
+        self.count.copy_(total)
+
+
+class MLPBody(Body):
+    """Fully connected layers over a flattened vector observation (standardised first with
+    normalize_obs: continuous control's observations differ in scale by orders of magnitude)."""
+
+    def __init__(self, obs_shape: tuple, hidden_sizes=(64, 64), normalize_obs: bool = False):
         super().__init__()
         if not hidden_sizes:
             raise ValueError("model.hidden_sizes needs at least one layer.")
         layers, size = [], math.prod(obs_shape)
+        self.normalize = RunningNorm(size) if normalize_obs else None
         for hidden in hidden_sizes:
             layers += [nn.Linear(size, hidden), nn.ReLU()]
             size = hidden
@@ -144,23 +184,28 @@ class MLPBody(Body):
         self.output_size = size
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        return self.layers(frames.float())
+        x = frames.float()
+        if self.normalize is not None:
+            x = self.normalize(x.flatten(1))
+        return self.layers(x)
 
 
 class ActorCritic(nn.Module):
-    """Body -> [features, one-hot last action, clipped reward] -> optional LSTM -> heads."""
+    """Body -> [features, encoded last action, clipped reward] -> optional LSTM -> heads."""
 
-    def __init__(self, body: nn.Module, num_actions: int, use_lstm: bool, lstm_layers: int = 1):
+    def __init__(self, body: nn.Module, actions: ActionSpec | int, use_lstm: bool, lstm_layers: int = 1):
+        """actions: the env's action space (an int: that many Discrete actions)."""
         super().__init__()
         self.body = body
-        self.num_actions = num_actions
-        core_size = body.output_size + num_actions + 1
+        self.actions = ActionSpec.discrete(actions) if isinstance(actions, int) else actions
+        self.dist = distribution(self.actions)
+        core_size = body.output_size + self.dist.encoded_size + 1
         self.use_lstm = use_lstm
         if use_lstm:
             self.lstm = nn.LSTM(core_size, core_size, num_layers=lstm_layers)
-        self.policy = nn.Linear(core_size, num_actions)
+        self.policy = self.dist.head(core_size)
         self.baseline = nn.Linear(core_size, 1)
-        orthogonal_(self.policy, gain=0.01)  # a near-uniform first policy, whatever the features
+        orthogonal_(self.policy, gain=0.01)  # a near-uniform (Box: centred) first policy, whatever the features
         orthogonal_(self.baseline, gain=1.0)
 
     def initial_state(self, batch_size: int = 1) -> tuple:
@@ -174,7 +219,7 @@ class ActorCritic(nn.Module):
         frame = inputs["frame"]
         T, B = frame.shape[:2]
         features = self.body(frame.flatten(0, 1))
-        last_action = F.one_hot(inputs["last_action"].flatten(0, 1), self.num_actions).float()
+        last_action = self.dist.encode(inputs["last_action"].flatten(0, 1))
         reward = inputs["reward"].flatten(0, 1).clamp(-1, 1).unsqueeze(-1)
         core_input = torch.cat([features, reward, last_action], dim=-1)
         if self.use_lstm:
@@ -182,16 +227,13 @@ class ActorCritic(nn.Module):
             core_output = core_output.flatten(0, 1)
         else:
             core_output = core_input
-        policy_logits = self.policy(core_output)
+        params = self.policy(core_output)
         baseline = self.baseline(core_output)
-        outputs = dict(policy_logits=policy_logits.view(T, B, self.num_actions), baseline=baseline.view(T, B))
+        outputs = dict(policy_logits=params.view(T, B, -1), baseline=baseline.view(T, B))
         if action == "greedy":
-            outputs["action"] = policy_logits.argmax(dim=-1).view(T, B)
+            outputs["action"] = self.dist.greedy(params).view(T, B, *self.actions.step_shape)
         elif action == "sample":
-            # Diverged weights (inf/NaN logits) must not crash the actors: they act uniformly
-            # there, and the learner's optim.on_nonfinite decides what the run does about it.
-            probs = torch.nan_to_num(F.softmax(policy_logits, dim=-1), nan=1.0, posinf=1.0)
-            outputs["action"] = torch.multinomial(probs, 1).view(T, B)
+            outputs["action"] = self.dist.sample(params).view(T, B, *self.actions.step_shape)
         return outputs, core_state
 
     def _lstm(self, core_input: torch.Tensor, done: torch.Tensor, core_state: tuple):
@@ -230,7 +272,7 @@ def make_model(cfg, spec: EnvSpec) -> ActorCritic:
             f"model {target} cannot be built for observations {tuple(spec.obs_shape)} with {body_fields}: {cause}"
         ) from cause
     _check_body(body, target, spec)
-    return ActorCritic(body, spec.num_actions, fields.get("use_lstm", False), fields.get("lstm_layers", 1))
+    return ActorCritic(body, spec.actions, fields.get("use_lstm", False), fields.get("lstm_layers", 1))
 
 
 def _check_body(body, target: str, spec: EnvSpec) -> None:

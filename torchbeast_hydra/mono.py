@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import queue
 import signal
+import sys
 import threading
 import time
 from multiprocessing import connection
@@ -23,7 +24,9 @@ import torch
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
+from .actions import ActionError
 from .config import num_buffers
+from .distributions import NonFiniteAction
 from .envs import Environments, EnvSpec
 from .layout import AGENT_KEYS, ENV_KEYS, rollout_specs
 from .models import make_model
@@ -31,6 +34,8 @@ from .seeding import actor_seed
 from .supervision import ActorProcesses
 from .training import Backend
 from .training_run import TrainingRun
+
+NONFINITE_ACTION = 5  # an actor's exit code: its policy produced a NaN/inf action (stops the run)
 
 
 def create_buffers(spec: EnvSpec, unroll_length: int, count: int) -> dict:
@@ -139,6 +144,9 @@ def actor_main(env_cfg, num_envs, seed, unroll_length, model, buffers, state_buf
         _act(envs, unroll_length, model, buffers, state_buffers, conn)
     except (EOFError, ConnectionError, KeyboardInterrupt):
         pass  # the learner is gone (stopped us, or died: a reset pipe) or stopping
+    except (NonFiniteAction, ActionError) as error:  # never step an env with NaN: the run stops
+        print(f"Actor stopped: {error}", file=sys.stderr, flush=True)
+        sys.exit(NONFINITE_ACTION)
     finally:
         envs.close()
 
@@ -199,6 +207,10 @@ class MonoBeast(Backend):
             backend.max_actor_restarts,
             what="Actor",
             on_exit=self.pool.remove_actor,
+            fatal={
+                NONFINITE_ACTION: "actor {index}'s policy produced a non-finite action (see the log above); "
+                "look for NaN/inf observations or rewards, or lower optim.learning_rate."
+            },
         )
         self._batch_lock = threading.Lock()
 

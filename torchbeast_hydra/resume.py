@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from .actions import DISCRETE
 from .checkpoint import CheckpointError
 from .config import to_plain_dict
 from .envs import EnvSpec
@@ -22,9 +23,12 @@ log = logging.getLogger(__name__)
 
 def env_signature(env_id: str, spec: EnvSpec) -> dict:
     """What a checkpoint's env must match to resume: its id and spaces."""
-    return dict(
-        id=env_id, obs_shape=list(spec.obs_shape), obs_dtype=str(spec.obs_dtype), num_actions=int(spec.num_actions)
-    )
+    signature = dict(id=env_id, obs_shape=list(spec.obs_shape), obs_dtype=str(spec.obs_dtype))
+    if spec.actions.kind == DISCRETE:  # as checkpoints before other action spaces recorded it
+        signature["num_actions"] = spec.actions.nvec[0]
+    else:
+        signature["actions"] = spec.actions.signature()
+    return signature
 
 
 def check_resumable(path: Path, state: dict, cfg, spec: EnvSpec, model_state: dict) -> None:

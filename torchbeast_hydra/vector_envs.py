@@ -105,7 +105,8 @@ def vector_env_applies(cfg: EnvConfig) -> bool:
         return False
     try:
         same = bool(
-            native.single_observation_space.shape == spec.obs_shape and native.single_action_space.n == spec.num_actions
+            native.single_observation_space.shape == spec.obs_shape
+            and spec.actions.nvec == (native.single_action_space.n,)
         )
     finally:
         native.close()

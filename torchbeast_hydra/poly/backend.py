@@ -112,9 +112,10 @@ class PolyBeast(Backend):
             inference=self.inference,
             initial_state=self._initial_state,
             emit=self._enqueue,
+            on_fatal=self._fail,
         )
         self.max_message_bytes = wire.max_message_bytes(
-            run.spec.obs_shape, run.spec.obs_dtype, backend.max_envs_per_client
+            run.spec.obs_shape, run.spec.obs_dtype, backend.max_envs_per_client, run.spec.actions.size
         )
         self.server = None
         self.clients = None
@@ -138,6 +139,12 @@ class PolyBeast(Backend):
         for i, state in enumerate(core_state):
             result[f"core_state_{i}"] = state.transpose(0, 1).cpu()
         return result
+
+    def _fail(self, error: Exception) -> None:
+        """Stops the run with error (raised by train() once everything is shut down)."""
+        if not self._errors:
+            self._errors.append(error)
+        self.run.stop_requested.set()
 
     def _enqueue(self, rollouts: dict, core_state: tuple) -> None:
         """Hands rollouts to the learner; waits while its queue is full (back-pressure)."""
@@ -247,7 +254,7 @@ def run_env_clients(cfg) -> int:
     backend = cfg.backend
     token = resolve_token(backend)
     spec = probe_env(cfg.env)
-    max_bytes = wire.max_message_bytes(spec.obs_shape, spec.obs_dtype, backend.max_envs_per_client)
+    max_bytes = wire.max_message_bytes(spec.obs_shape, spec.obs_dtype, backend.max_envs_per_client, spec.actions.size)
     clients = local_clients(cfg, backend.address, token, max_bytes)
     stop = threading.Event()
     log.info(

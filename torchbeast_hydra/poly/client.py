@@ -157,7 +157,10 @@ class EnvClient:
                     self.outputs = self.envs.initial()
                 # After a reconnect the envs carry on where they were; the server starts fresh unrolls.
             elif kind == "actions":
-                actions = wire.decode_actions(message.actions, self.num_envs, self.spec.num_actions)
+                try:
+                    actions = wire.decode_actions(message.actions, self.num_envs, self.spec.actions)
+                except wire.WireError as error:
+                    raise ClientRefused(f"the learner sent actions that do not fit this env's space: {error}") from None
                 self.outputs = self.envs.step(actions)
             elif kind == "finished":
                 return
@@ -173,7 +176,7 @@ class EnvClient:
         hello.num_envs = self.num_envs
         hello.obs_shape[:] = self.spec.obs_shape
         hello.obs_dtype = np.dtype(self.spec.obs_dtype).name
-        hello.num_actions = self.spec.num_actions
+        hello.action_space = wire.action_space_text(self.spec.actions)
         return message.SerializeToString()
 
 

@@ -25,8 +25,9 @@ import grpc
 import numpy as np
 import torch
 
+from ..distributions import NonFiniteAction
 from ..envs import EnvSpec
-from ..layout import rollout_specs
+from ..layout import ENV, numpy_specs, rollout_specs
 from ..seeding import actor_seed
 from . import wire
 from .batcher import BatcherClosed, DynamicBatcher
@@ -92,9 +93,13 @@ class ActorPool:
         inference: DynamicBatcher,
         initial_state,
         emit: Emit,
+        on_fatal=lambda error: None,
     ):
-        """initial_state: num_envs -> tuple of [num_envs, ...] tensors; emit: takes finished rollouts."""
+        """initial_state: num_envs -> tuple of [num_envs, ...] tensors; emit: takes finished rollouts;
+        on_fatal: told of an error that must stop the run (the policy's non-finite actions)."""
         self.spec = spec
+        self.step_specs = numpy_specs(spec, ENV)  # what each Step must hold
+        self.on_fatal = on_fatal
         self.settings = settings
         self.token = token.encode()
         self.inference = inference
@@ -143,6 +148,9 @@ class ActorPool:
                     actions = session.step(self._step(raw, hello.num_envs))
                 except BatcherClosed:
                     break
+                except NonFiniteAction as error:  # never step an env with NaN: the run stops
+                    self.on_fatal(error)
+                    raise Refused(grpc.StatusCode.ABORTED, f"the learner stops: {error}") from None
                 message = wire.ServerMessage()
                 wire.encode_array(actions, message.actions)
                 self._count_step(time.perf_counter() - started - session.inference_s, hello.num_envs)
@@ -246,14 +254,14 @@ class ActorPool:
         if message.WhichOneof("kind") != "hello":
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "a stream must start with a hello")
         hello, spec = message.hello, self.spec
-        theirs = (tuple(hello.obs_shape), hello.obs_dtype, hello.num_actions)
-        ours = (tuple(spec.obs_shape), np.dtype(spec.obs_dtype).name, spec.num_actions)
+        theirs = (tuple(hello.obs_shape), hello.obs_dtype, hello.action_space)
+        ours = (tuple(spec.obs_shape), np.dtype(spec.obs_dtype).name, wire.action_space_text(spec.actions))
         if theirs != ours:
             raise Refused(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"the client's env {hello.env_id} (observations {theirs[1]} {list(theirs[0])}, "
-                f"{theirs[2]} actions) does not match the learner's {self.settings.env_id} "
-                f"({ours[1]} {list(ours[0])}, {ours[2]} actions): start clients with the same env config",
+                f"actions {theirs[2] or '?'}) does not match the learner's {self.settings.env_id} "
+                f"({ours[1]} {list(ours[0])}, actions {ours[2]}): start clients with the same env config",
             )
         if not 1 <= hello.num_envs <= self.settings.max_envs_per_client:
             raise Refused(
@@ -266,9 +274,7 @@ class ActorPool:
     def _step(self, raw: bytes, num_envs: int) -> dict:
         try:
             message = wire.parse(wire.ClientMessage, raw)
-            return wire.decode_step(
-                message, num_envs, self.spec.obs_shape, np.dtype(self.spec.obs_dtype).name, self.spec.num_actions
-            )
+            return wire.decode_step(message, num_envs, self.step_specs, self.spec.actions)
         except wire.WireError as error:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed step: {error}") from None
 

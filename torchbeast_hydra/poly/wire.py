@@ -8,13 +8,15 @@ it expects and raises WireError with the reason.
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
-from ..layout import ENV_KEYS, LAYOUT
+from ..actions import ActionError, ActionSpec, check
+from ..layout import ENV_KEYS
 
 PACKAGE = "torchbeast_hydra.poly"
 SERVICE = f"{PACKAGE}.ActorPool"
@@ -23,7 +25,6 @@ TOKEN_METADATA_KEY = "x-torchbeast-token"
 
 # The env outputs a client sends each step, in Step's field order: the rollout layout's env keys.
 STEP_KEYS = ENV_KEYS
-STEP_DTYPES = {key: LAYOUT[key].dtype for key in STEP_KEYS if key != "frame"}  # frame: the env's dtype
 
 
 class WireError(ValueError):
@@ -69,7 +70,7 @@ def file_descriptor() -> descriptor_pb2.FileDescriptorProto:
                     ("num_envs", "int32"),
                     ("obs_shape", "repeated int64"),
                     ("obs_dtype", "string"),
-                    ("num_actions", "int32"),
+                    ("action_space", "string"),
                 ],
             ),
             _message("Step", [(key, "Array") for key in STEP_KEYS]),
@@ -109,10 +110,16 @@ Finished = _class("Finished")
 ServerMessage = _class("ServerMessage")
 
 
-def max_message_bytes(obs_shape: tuple, obs_dtype, max_envs: int) -> int:
-    """The largest Step a client may send: max_envs envs' frames plus their scalars, with headroom."""
-    per_env = math.prod(obs_shape) * np.dtype(obs_dtype).itemsize + 64
+def max_message_bytes(obs_shape: tuple, obs_dtype, max_envs: int, action_size: int = 1) -> int:
+    """The largest Step a client may send: max_envs envs' frames, last actions (action_size
+    numbers each) and scalars, with headroom."""
+    per_env = math.prod(obs_shape) * np.dtype(obs_dtype).itemsize + 8 * action_size + 64
     return max_envs * per_env + 64 * 1024
+
+
+def action_space_text(spec: ActionSpec) -> str:
+    """The action space as a Hello carries it (JSON): the server compares it with its own."""
+    return json.dumps(spec.signature(), sort_keys=True)
 
 
 def channel_options(max_message_bytes: int) -> list:
@@ -165,17 +172,21 @@ def encode_step(outputs: dict) -> bytes:
     return message.SerializeToString()
 
 
-def decode_step(message, num_envs: int, obs_shape: tuple, obs_dtype: str, num_actions: int) -> dict:
-    """A ClientMessage's Step as arrays [num_envs, ...]; checks types, shapes and value ranges."""
+def decode_step(message, num_envs: int, step_specs: dict, actions: ActionSpec) -> dict:
+    """A ClientMessage's Step as arrays [num_envs, ...]; checks types, shapes and value ranges.
+
+    step_specs: key -> (per-step shape, numpy dtype) of the env keys (layout.numpy_specs(spec, ENV))."""
     if message.WhichOneof("kind") != "step":
         raise WireError(f"expected a step, got {message.WhichOneof('kind') or 'an empty message'}")
     step = message.step
-    arrays = {"frame": decode_array(step.frame, "frame", obs_dtype, (num_envs, *obs_shape))}
-    for key, dtype in STEP_DTYPES.items():
-        arrays[key] = decode_array(getattr(step, key), key, dtype, (num_envs,))
-    last_action = arrays["last_action"]
-    if ((last_action < 0) | (last_action >= num_actions)).any():
-        raise WireError(f"last_action {last_action.tolist()} outside the action space [0, {num_actions})")
+    arrays = {
+        key: decode_array(getattr(step, key), key, dtype.name, (num_envs, *shape))
+        for key, (shape, dtype) in step_specs.items()
+    }
+    try:
+        check(actions, arrays["last_action"], "last_action")
+    except ActionError as error:
+        raise WireError(str(error)) from None
     if not (np.isfinite(arrays["reward"]).all() and np.isfinite(arrays["episode_return"]).all()):
         raise WireError("reward and episode_return must be finite")
     frame = arrays["frame"]
@@ -188,8 +199,11 @@ def _bad_rows(frame: np.ndarray) -> np.ndarray:
     return np.flatnonzero(~np.isfinite(frame.reshape(len(frame), -1)).all(axis=1))
 
 
-def decode_actions(message, num_envs: int, num_actions: int) -> np.ndarray:
-    actions = decode_array(message, "actions", "int64", (num_envs,)).copy()
-    if ((actions < 0) | (actions >= num_actions)).any():
-        raise WireError(f"actions {actions.tolist()} outside the action space [0, {num_actions})")
+def decode_actions(message, num_envs: int, spec: ActionSpec) -> np.ndarray:
+    """The actions a client is sent, [num_envs, *step_shape], checked against its env's space."""
+    actions = decode_array(message, "actions", spec.dtype, (num_envs, *spec.step_shape)).copy()
+    try:
+        check(spec, actions)
+    except ActionError as error:
+        raise WireError(str(error)) from None
     return actions

@@ -1,0 +1,132 @@
+"""The poly server and client with other action spaces: a Box space's actions travel as float arrays,
+a client's hello must name the learner's space, its last_action leaves are checked against it, a
+policy's NaN action stops the run instead of reaching an env, and a client refuses actions that do
+not fit its env."""
+
+import grpc
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from test_poly_server import TOKEN, RawClient
+
+from torchbeast_hydra import layout
+from torchbeast_hydra.actions import ActionSpec, action_spec
+from torchbeast_hydra.distributions import distribution
+from torchbeast_hydra.envs import EnvSpec
+from torchbeast_hydra.poly import wire
+from torchbeast_hydra.poly.batcher import DynamicBatcher
+from torchbeast_hydra.poly.server import ActorPool, ServerSettings, make_server
+
+BOX = action_spec(gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "Box-v0")
+SPEC = EnvSpec((3,), np.dtype(np.float32), BOX)
+
+
+class Policy:
+    """A Gaussian policy whose mean the test sets (NaN: a diverged policy)."""
+
+    def __init__(self):
+        self.mean = 0.5
+
+    def __call__(self, inputs: dict) -> dict:
+        n = inputs["frame"].shape[0]
+        params = torch.cat([torch.full((n, 2), self.mean), torch.zeros(n, 2)], dim=1)
+        return dict(action=distribution(BOX).sample(params), policy_logits=params, baseline=torch.zeros(n))
+
+
+@pytest.fixture
+def served():
+    policy = Policy()
+    inference = DynamicBatcher(policy, max_batch_size=64, timeout_s=0.001)
+    fatal = []
+    settings = ServerSettings("Box-v0", 5, 2, True, 1, 4, 2, 5.0)
+    pool = ActorPool(
+        SPEC,
+        settings,
+        token=TOKEN,
+        inference=inference,
+        initial_state=lambda n: (),
+        emit=lambda r, s: None,
+        on_fatal=fatal.append,
+    )
+    server, port = make_server(pool, "127.0.0.1:0", 1 << 20)
+    server.start()
+    yield pool, port, policy, fatal
+    pool.stop(finished=True)
+    inference.close()
+    server.stop(grace=None).wait()
+
+
+def hello(actions: ActionSpec = BOX, num_envs=2):
+    message = wire.ClientMessage()
+    message.hello.env_id = "Box-v0"
+    message.hello.num_envs = num_envs
+    message.hello.obs_shape[:] = SPEC.obs_shape
+    message.hello.obs_dtype = "float32"
+    message.hello.action_space = wire.action_space_text(actions)
+    return message.SerializeToString()
+
+
+def step(last_action=0.0, num_envs=2):
+    outputs = layout.env_outputs(SPEC, num_envs)
+    outputs["done"][:] = False
+    outputs["last_action"][:] = last_action
+    return wire.encode_step(outputs)
+
+
+def test_box_actions_travel_as_float_arrays_unclipped(served):
+    _, port, policy, _ = served
+    policy.mean = 5.0  # beyond the bound: the client clips, the wire carries the sample
+    client = RawClient(port)
+    assert client.send(hello()) == "welcome"
+    client.outgoing.put(step(last_action=3.0))  # an unclipped last action is a fine last_action
+    message = next(client.responses)
+    actions = wire.decode_actions(message.actions, 2, BOX)
+    client.close()
+    assert actions.dtype == np.float32 and actions.shape == (2, 2) and (actions > 1.0).any()
+
+
+def test_a_client_with_another_action_space_is_refused_naming_both(served):
+    _, port, _, _ = served
+    client = RawClient(port)
+    client.outgoing.put(hello(actions=ActionSpec.discrete(2)))
+    error = client.error()
+    client.close()
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert '"kind": "discrete"' in error.details() and '"kind": "box"' in error.details()
+
+
+def test_non_finite_last_actions_are_refused(served):
+    pool, port, _, _ = served
+    client = RawClient(port)
+    assert client.send(hello()) == "welcome"
+    client.outgoing.put(step(last_action=np.nan))
+    error = client.error()
+    client.close()
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "last_action are not finite (NaN/inf) for envs [0, 1]" in error.details()
+
+
+def test_a_policy_that_produces_nan_actions_stops_the_run_before_any_env_sees_them(served):
+    _, port, policy, fatal = served
+    client = RawClient(port)
+    assert client.send(hello()) == "welcome" and client.send(step()) == "actions"
+    policy.mean = float("nan")
+    client.outgoing.put(step())
+    error = client.error()
+    client.close()
+    assert error.code() == grpc.StatusCode.ABORTED and "non-finite Box action" in error.details()
+    assert len(fatal) == 1 and "non-finite Box action" in str(fatal[0])
+
+
+@pytest.mark.parametrize(
+    "actions, spec, message",
+    [
+        (np.array([[0.1, np.nan]], np.float32), BOX, "not finite"),
+        (np.array([[0.1, 0.2]], np.float64), BOX, r"expected float32 \[1, 2\]"),
+        (np.array([[2, 0]]), action_spec(gym.spaces.MultiDiscrete([2, 2]), "M-v0"), "outside the action space"),
+    ],
+)
+def test_a_client_checks_the_actions_it_is_sent_against_its_space(actions, spec, message):
+    with pytest.raises(wire.WireError, match=message):
+        wire.decode_actions(wire.encode_array(actions), 1, spec)
