@@ -347,7 +347,8 @@ def failing_run(tmp_path, backend, fail_in, fail_after, fail_with="bug", extra=(
 
 
 def error_lines(run_dir) -> list:
-    return [line for line in (run_dir / "torchbeast.log").read_text().splitlines() if "error: " in line]
+    """The log's own error lines (not a traceback's)."""
+    return [line for line in (run_dir / "torchbeast.log").read_text().splitlines() if "] - error: " in line]
 
 
 @pytest.mark.slow
