@@ -49,6 +49,8 @@ class WeightPublisher:
         with torch.no_grad(), self.run_lock, self.weights_lock:
             for target, source in zip(self.targets, self.sources):
                 target.copy_(source)
+            if self.mode != "cpu":  # inference's own stream must not read the policy before this copy is done
+                torch.cuda.current_stream(self.sources[0].device).synchronize()
 
     def after_update(self) -> None:
         """Called by a learner thread after each update: publishes every `interval` updates."""
@@ -67,17 +69,17 @@ class WeightPublisher:
     # -- GPU learner, CPU policy ---------------------------------------------------------------
 
     def _stage(self) -> None:
-        if self._in_flight.is_set():
-            self.skipped += 1
-            return
         with torch.no_grad(), self.run_lock:  # queued between two updates: one consistent snapshot
+            if self._in_flight.is_set():  # the thread still writes the last one from the staging
+                self.skipped += 1
+                return
+            self._in_flight.set()
             for staging, source in zip(self._staging, self.sources):
                 staging.copy_(source, non_blocking=True)
             copied = torch.cuda.Event()
             copied.record()
         with self._ready:
             self._copied = copied
-            self._in_flight.set()
             self._ready.notify()
 
     def _write_staging(self) -> None:
