@@ -170,14 +170,39 @@ def main(cfg: DictConfig) -> float:
         log.error("error: %s", error)
         sys.exit(1)
     except Exception as error:
-        if not memory.is_out_of_memory(error):
-            raise
-        log.error(
-            "error: out of memory in the learner process (%s). Lower batch_size or unroll_length "
-            "(the memory estimate is near the top of this log); the last checkpoint is intact.",
-            str(error).splitlines()[0] if str(error) else type(error).__name__,
-        )
+        message, traceback = failure_line(error)
+        if traceback:  # the detail first, so the one line that says what happened comes last
+            log.error("The failure, in detail:", exc_info=error)
+        log.error("error: %s", message)
         sys.exit(1)
+
+
+def failure_line(error: BaseException) -> tuple[str, bool]:
+    """(one line saying what stopped the run and what to do, whether its traceback helps)."""
+    from .devices import is_cuda_error
+
+    first = str(error).splitlines()[0] if str(error) else type(error).__name__
+    kept = "checkpoints already saved are intact"
+    if memory.is_out_of_memory(error) and "CUDA" in str(error):
+        return (
+            f"CUDA out of memory on the learner's GPU ({first}). Lower batch_size or unroll_length (the memory "
+            f"estimate is near the top of this log), or free the GPU (nvidia-smi lists what holds it); {kept}.",
+            False,
+        )
+    if memory.is_out_of_memory(error):
+        return (
+            f"out of memory in the learner process ({first}). Lower batch_size or unroll_length "
+            "(the memory estimate is near the top of this log); the last checkpoint is intact.",
+            False,
+        )
+    if is_cuda_error(error):
+        return (
+            f"the GPU failed ({type(error).__name__}: {first}); the device is unusable for this process, and "
+            f"{kept}. A device-side assert is most often an index out of range (an action, an embedding); "
+            "rerun with CUDA_LAUNCH_BLOCKING=1 for its exact place in the traceback above.",
+            True,
+        )
+    return f"the run stopped on {type(error).__name__}: {first} (traceback above); {kept}.", True
 
 
 def cli() -> None:

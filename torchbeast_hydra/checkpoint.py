@@ -29,15 +29,23 @@ def path_in(run_dir: str | os.PathLike) -> Path:
 
 def rng_state() -> dict:
     numpy_state = np.random.get_state()
-    return dict(
+    state = dict(
         torch=torch.get_rng_state(),
         numpy=dict(key=torch.from_numpy(numpy_state[1].astype(np.int64)), pos=int(numpy_state[2])),
         python=random.getstate(),
     )
+    if torch.cuda.is_initialized():  # a GPU learner: its devices' generators too (CPU tensors)
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict) -> None:
+    """Restores the RNG states. CUDA's only where the checkpoint has as many devices as this run
+    sees: a GPU-saved checkpoint resumed on a CPU (or elsewhere) starts CUDA's generators afresh."""
     torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda")
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
     key = state["numpy"]["key"].numpy().astype(np.uint32)
     np.random.set_state(("MT19937", key, state["numpy"]["pos"], 0, 0.0))
     version, internal, gauss = state["python"]

@@ -189,7 +189,12 @@ class BackendConfig:
     # Envs per actor, stepped together: evaluated as one batch (mono) or sent as one message (poly).
     # 0: auto (auto_actors): mono 4, poly 4 per core a client gets.
     envs_per_actor: int = 0
-    learner_torch_threads: int = 0  # intra-op threads for the learner; 0: the cores this process may use
+    # Intra-op threads per learner thread; 0: auto (a CPU learner: the cores this process may use;
+    # a GPU learner: a few, enough for its host-side copies, leaving the cores to the actors).
+    learner_torch_threads: int = 0
+    # Learner updates between copies of the weights to the acting policy (mono's actors, poly's
+    # inference). 1: after every update. On a GPU the copy never makes the learner wait.
+    publish_interval: int = 1
     max_actor_restarts: int = 10  # a run whose actors keep dying stops with an error
 
 
@@ -284,6 +289,21 @@ class TestConfig:
 
 
 @dataclass
+class AccelConfig:
+    """Speed options (accel.py). Those that change the numbers are off by default; each is
+    checked against the fp32 result in tests/test_gpu.py."""
+
+    cudnn_benchmark: bool = False  # cuDNN times conv algorithms per input shape and keeps the fastest
+    tf32: bool = False  # TF32 matmuls and convolutions on Ampere and later GPUs (10-bit mantissa)
+    # The model's forward pass under bfloat16 autocast (GPU, or CPU); V-trace and the losses stay fp32.
+    bf16_autocast: bool = False
+    compile: bool = False  # torch.compile the learner's model (a slow first update: it compiles)
+    # One nn.LSTM call per stretch of the unroll between episode starts, rather than one per step:
+    # the same math (equal to rounding), one call when no episode ends inside the unroll.
+    lstm_segments: bool = True
+
+
+@dataclass
 class Config:
     env: EnvConfig = MISSING
     model: Any = MISSING  # a ModelConfig: each model has its own schema (or, for yours, none)
@@ -292,6 +312,7 @@ class Config:
     backend: Any = MISSING
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     test: TestConfig = field(default_factory=TestConfig)
+    accel: AccelConfig = field(default_factory=AccelConfig)
 
     mode: Mode = Mode.train  # train | test
     seed: int = 1  # the network's initialisation and every env's and actor's randomness derive from it
@@ -491,7 +512,8 @@ def validate(cfg) -> None:
         sticky is None or 0 <= sticky <= 1, f"test.sticky_action_prob={sticky} must be in [0, 1] (or null: as trained)."
     )
     _check(cfg.backend.max_actor_restarts >= 0, "backend.max_actor_restarts must be >= 0.")
-    _check(cfg.backend.learner_torch_threads >= 0, "backend.learner_torch_threads must be >= 0 (0: all cores).")
+    _check(cfg.backend.learner_torch_threads >= 0, "backend.learner_torch_threads must be >= 0 (0: auto).")
+    _check(cfg.backend.publish_interval >= 1, "backend.publish_interval must be at least 1 (updates).")
     _check(cfg.test.num_episodes >= 1, "test.num_episodes must be at least 1.")
     _check(cfg.backend.num_actors >= 1, "backend.num_actors must be at least 1 (or 0: auto).")
     _check(cfg.backend.envs_per_actor >= 1, "backend.envs_per_actor must be at least 1 (or 0: auto).")

@@ -26,7 +26,7 @@ import hydra
 import torch
 from torch import nn
 
-from . import vtrace
+from . import accel, vtrace
 from .actions import ActionSpec
 from .config import ConfigError, OnNonFinite, OptimConfig, OptimName, RewardClipping, VtraceConfig
 from .distributions import Distribution, distribution
@@ -198,17 +198,23 @@ class Learner:
         self.cfg = cfg
         self.device = device
         self.model = model.to(device)
+        self.forward = accel.forward_fn(cfg.accel, self.model)  # shares the model's parameters
         self.optimizer = make_optimizer(cfg.optim, model.parameters())
         self.steps = 0  # env steps learned from (real steps: the mask's count)
         self.scheduler = make_scheduler(cfg.optim, self.optimizer, lambda: self.steps, cfg.total_steps)
         self.skipped_updates = 0
         self.loss_terms = loss_terms(cfg.vtrace)  # a bad vtrace.extra_losses fails here, before acting
 
-    def update(self, batch: dict, initial_core_state: tuple) -> dict:
-        """One optimisation step; returns floats for logging. Non-finite updates are skipped."""
-        self.steps += int(batch["mask"][1:].sum())
+    def update(self, batch: dict, initial_core_state: tuple, steps: int | None = None) -> dict:
+        """One optimisation step; returns floats for logging. Non-finite updates are skipped.
+
+        steps: the batch's real steps, when the caller counted them on the CPU copy (on a GPU,
+        counting them here would wait for the device)."""
+        self.steps += int(batch["mask"][1:].sum()) if steps is None else steps
         self.model.train()
-        outputs, _ = self.model(batch, initial_core_state, action="none")
+        with accel.autocast(self.cfg.accel, self.device):
+            outputs, _ = self.forward(batch, initial_core_state, action="none")
+        outputs = {key: value.float() for key, value in outputs.items()}  # V-trace and the losses in fp32
         losses = compute_losses(self.cfg.vtrace, batch, outputs, self.loss_terms, self.model.dist)
         self.optimizer.zero_grad(set_to_none=True)
         losses["total_loss"].backward()

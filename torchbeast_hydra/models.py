@@ -201,6 +201,9 @@ class ActorCritic(nn.Module):
         self.dist = distribution(self.actions)
         core_size = body.output_size + self.dist.encoded_size + 1
         self.use_lstm = use_lstm
+        # One nn.LSTM call per stretch of steps without an episode start, rather than one per step
+        # (the same math; accel.lstm_segments, set by the learner).
+        self.lstm_segments = False
         if use_lstm:
             self.lstm = nn.LSTM(core_size, core_size, num_layers=lstm_layers)
         self.policy = self.dist.head(core_size)
@@ -208,11 +211,13 @@ class ActorCritic(nn.Module):
         orthogonal_(self.policy, gain=0.01)  # a near-uniform (Box: centred) first policy, whatever the features
         orthogonal_(self.baseline, gain=1.0)
 
-    def initial_state(self, batch_size: int = 1) -> tuple:
+    def initial_state(self, batch_size: int = 1, device: torch.device | str | None = None) -> tuple:
+        """Zero core state [layers, batch_size, hidden] on `device` (default: the model's)."""
         if not self.use_lstm:
             return ()
         shape = (self.lstm.num_layers, batch_size, self.lstm.hidden_size)
-        return (torch.zeros(shape), torch.zeros(shape))
+        device = self.policy.weight.device if device is None else device
+        return (torch.zeros(shape, device=device), torch.zeros(shape, device=device))
 
     def forward(self, inputs: dict, core_state: tuple = (), action: str = "sample"):
         """action: "sample" from the policy, "greedy" (argmax), or "none" (the learner's pass)."""
@@ -237,12 +242,32 @@ class ActorCritic(nn.Module):
         return outputs, core_state
 
     def _lstm(self, core_input: torch.Tensor, done: torch.Tensor, core_state: tuple):
-        outputs = []
+        # cuDNN refuses a non-contiguous hidden state ("rnn: hx is not contiguous"), which batching
+        # states across clients or envs can produce; the CPU kernel accepts it, so insist here.
+        core_state = tuple(s.contiguous() for s in core_state)
         keep = (~done.bool()).float()  # zero the state where an episode starts
+        if self.lstm_segments and core_input.shape[0] > 1:
+            return self._lstm_by_segments(core_input, done, keep, core_state)
+        outputs = []
         for step_input, step_keep in zip(core_input.unbind(), keep.unbind()):
-            mask = step_keep.view(1, -1, 1)
-            core_state = tuple(mask * s for s in core_state)
+            core_state = tuple(step_keep.view(1, -1, 1) * s for s in core_state)
             output, core_state = self.lstm(step_input.unsqueeze(0), core_state)
+            outputs.append(output)
+        return torch.cat(outputs), core_state
+
+    def _lstm_by_segments(self, core_input, done, keep, core_state):
+        """The step loop's result with one nn.LSTM call per segment between the steps where some
+        env's episode starts (there the state is zeroed, as in the loop): one call for the whole
+        unroll when no episode ends inside it."""
+        starts = done.bool().any(dim=1)
+        starts[0] = True  # the first step applies the mask to the state carried in
+        # One host read per forward (the learner's): where the segments begin.
+        bounds = [*starts.nonzero().flatten().tolist(), core_input.shape[0]]
+        outputs = []
+        for begin, end in zip(bounds[:-1], bounds[1:]):
+            mask = keep[begin].view(1, -1, 1)
+            core_state = tuple(mask * s for s in core_state)
+            output, core_state = self.lstm(core_input[begin:end], core_state)
             outputs.append(output)
         return torch.cat(outputs), core_state
 

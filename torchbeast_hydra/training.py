@@ -9,8 +9,8 @@ import time
 
 import torch
 
-from .config import usable_cores
-from .devices import to_device
+from .devices import learner_threads, to_device
+from .publish import WeightPublisher
 from .signals import StopOnSignals
 from .training_run import TrainingRun
 
@@ -25,6 +25,7 @@ class Backend:
     stopping on signals, and the final checkpoint. A backend implements:
 
     - start(): start producing rollouts (actor processes, a server, ...);
+      anything of theirs that fails in a way that must end the run calls fail(error);
     - wait(timeout): one beat of the main loop: wait for news, replace dead actors;
     - next_batch(): (batch [T+1, B, ...] on the CPU, core state, the backend's own statistics
       for logs.csv), or None once the run is done (check run.done while waiting);
@@ -38,11 +39,14 @@ class Backend:
     def __init__(self, cfg, run: TrainingRun, policy: torch.nn.Module):
         self.cfg = cfg
         self.run = run
-        self.policy = policy  # the acting copy of the model; publish_weights keeps it current
+        self.policy = policy  # the acting copy of the model; self.publisher keeps it current
         self.policy.eval()
         self.weights_lock = threading.Lock()  # held while the acting copy is written
         self._errors = []
-        self.publish_weights()
+        self.publisher = WeightPublisher(
+            run.learner.model, policy, run.lock, self.weights_lock, cfg.backend.publish_interval
+        )
+        self.publisher.publish_now()
 
     # -- what a backend supplies -------------------------------------------------------------
 
@@ -66,26 +70,25 @@ class Backend:
 
     # -- shared ------------------------------------------------------------------------------
 
-    def publish_weights(self) -> None:
-        """Copies the learner's weights into the acting policy (in place: shared memory stays shared)."""
-        with torch.no_grad(), self.run.lock, self.weights_lock:
-            for target, source in zip(self.policy.state_dict().values(), self.run.learner.model.state_dict().values()):
-                target.copy_(source)
+    def fail(self, error: BaseException) -> None:
+        """Ends the run with this error (raised by train() once the run is wound up)."""
+        self._errors.append(error)
+        self.run.stop_requested.set()
 
     def _learn(self) -> None:
         # Per thread: intra-op threads are a per-thread setting.
-        torch.set_num_threads(self.cfg.backend.learner_torch_threads or usable_cores())
+        torch.set_num_threads(learner_threads(self.cfg.backend.learner_torch_threads, self.run.device))
         try:
             while not self.run.done:
                 got = self.next_batch()
                 if got is None:
                     return
                 batch, core_state, observed = got
-                self.run.update(*to_device(batch, core_state, self.run.device), observed)
-                self.publish_weights()
+                figures = self.run.batch_figures(batch)  # from the CPU copy: no wait on the device
+                self.run.update(*to_device(batch, core_state, self.run.device), observed, figures)
+                self.publisher.after_update()
         except BaseException as error:  # surfaced by the main thread
-            self._errors.append(error)
-            self.run.stop_requested.set()
+            self.fail(error)
 
     def _log_summary(self) -> None:
         """One block that says what started, in the log and in run_info.yaml."""
@@ -94,6 +97,22 @@ class Backend:
         width = max(map(len, summary))
         log.info("Starting:\n%s", "\n".join(f"  {key:<{width}}  {value}" for key, value in summary.items()))
         self.run.add_to_run_info("startup", summary)
+
+    def _save_final_checkpoint(self) -> None:
+        """The learner's last consistent state, whatever stopped us. After a failure that also
+        breaks saving (a sticky CUDA error makes every later use of the device fail), the
+        failure is what gets reported; the last checkpoint saved stays as it was."""
+        try:
+            self.run.save_checkpoint()
+        except Exception as error:
+            if not self._errors:
+                raise
+            log.error(
+                "Could not save a final checkpoint after the failure below (%s: %s); %s is the last one saved.",
+                type(error).__name__,
+                str(error).splitlines()[0] if str(error) else "",
+                self.run.checkpoint_path,
+            )
 
     def train(self) -> None:
         run = self.run
@@ -125,7 +144,8 @@ class Backend:
                     if thread.is_alive():
                         thread.join()
                 self.shut_down()
-                run.save_checkpoint()  # the learner's last consistent state, whatever stopped us
+                self.publisher.close()
+                self._save_final_checkpoint()
             if self._errors:
                 raise self._errors[0]
         log.info("%s", run.outcome())

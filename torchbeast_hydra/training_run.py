@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from . import checkpoint
+from . import accel, checkpoint
 from .config import to_plain_dict
 from .devices import device_name, resolve_device
 from .envs import EnvSpec
@@ -58,6 +58,7 @@ class TrainingRun:
         self.run_dir = Path(run_dir)
         self.spec = spec
         self.device = resolve_device(cfg.device)
+        accel.apply_switches(cfg.accel)
         seed_everything(cfg.seed)  # before the model is built: its initial weights follow the seed
         self.learner = Learner(cfg, make_model(cfg.model, spec), self.device)
         self.lock = threading.Lock()  # guards the learner and stats between updates and saves
@@ -148,20 +149,27 @@ class TrainingRun:
     def done(self) -> bool:
         return self.stats.step >= self.cfg.total_steps or self.stop_requested.is_set()
 
-    def update(self, batch: dict, initial_core_state: tuple, queues: dict) -> dict | None:
+    @staticmethod
+    def batch_figures(batch: dict) -> tuple[int, list]:
+        """(real steps, returns of the episodes that ended) of a batch [T+1, B, ...]; read from its
+        CPU copy, before it moves to the learner's device (there, each read would wait for the device)."""
+        steps = int(batch["mask"][1:].sum())  # partial rollouts are padded
+        ends = batch["episode_end"][1:] & batch["mask"][1:]
+        return steps, batch["episode_return"][1:][ends].tolist()
+
+    def update(self, batch: dict, initial_core_state: tuple, queues: dict, figures: tuple | None = None) -> dict | None:
         """One learner update on a batch [T+1, B, ...]; logs its row. Thread-safe.
 
+        figures: batch_figures(the batch's CPU copy); computed here from `batch` when not given.
         A batch that arrives once total_steps is reached (another learner thread got there
         first) is dropped, so every run ends at the same step count.
         """
-        steps = int(batch["mask"][1:].sum())  # real steps: partial rollouts are padded
-        ends = batch["episode_end"][1:] & batch["mask"][1:]
-        episode_returns = batch["episode_return"][1:][ends].tolist()
+        steps, episode_returns = self.batch_figures(batch) if figures is None else figures
         with self.lock:
             if self.stats.step >= self.cfg.total_steps:
                 return None
             started = time.perf_counter()
-            update_stats = self.learner.update(batch, initial_core_state)
+            update_stats = self.learner.update(batch, initial_core_state, steps)
             update_stats["update_ms"] = round(1000 * (time.perf_counter() - started), 2)
             with writing(self.csv_path):
                 return self.stats.record(steps, episode_returns, update_stats, queues)

@@ -96,7 +96,10 @@ class PolyBeast(Backend):
         backend = cfg.backend
         self.token = resolve_token(backend)
         self.device = run.device
-        self.rollouts = RolloutQueue(backend.learner_queue_size)
+        on_gpu = run.device.type == "cuda"
+        # On a GPU, inference has its own stream: it never queues behind the learner's update.
+        self.inference_stream = torch.cuda.Stream(run.device) if on_gpu else None
+        self.rollouts = RolloutQueue(backend.learner_queue_size, pin=on_gpu)
         self.inference = DynamicBatcher(
             self._infer,
             backend.max_batch_size,
@@ -104,6 +107,8 @@ class PolyBeast(Backend):
             producers=lambda: self.pool.connected,
             name="inference",
             setup=lambda: torch.set_num_threads(backend.inference_torch_threads),
+            on_error=self._inference_failed,
+            pin=on_gpu,
         )
         self.pool = ActorPool(
             run.spec,
@@ -112,7 +117,7 @@ class PolyBeast(Backend):
             inference=self.inference,
             initial_state=self._initial_state,
             emit=self._enqueue,
-            on_fatal=self._fail,
+            on_fatal=self.fail,
         )
         self.max_message_bytes = wire.max_message_bytes(
             run.spec.obs_shape, run.spec.obs_dtype, backend.max_envs_per_client, run.spec.actions.size
@@ -124,27 +129,50 @@ class PolyBeast(Backend):
     # -- acting ------------------------------------------------------------------------------
 
     def _initial_state(self, num_envs: int) -> tuple:
-        """Fresh core state for num_envs envs, batch first: [num_envs, ...]."""
-        return tuple(s.transpose(0, 1).contiguous() for s in self.policy.initial_state(num_envs))
+        """Fresh core state for num_envs envs, batch first: [num_envs, ...], on the CPU (the server's)."""
+        return tuple(s.transpose(0, 1).contiguous() for s in self.policy.initial_state(num_envs, device="cpu"))
 
     def _infer(self, inputs: dict) -> dict:
         """Central inference on a dynamic batch: inputs [N, ...] -> actions and policy outputs [N, ...]."""
-        device = self.device
+        if self.inference_stream is not None:
+            return self._infer_on_gpu(inputs)
         states = sorted(key for key in inputs if key.startswith("core_state_"))
-        env_outputs = {key: inputs[key].to(device).unsqueeze(0) for key in inputs if key not in states}
-        core_state = tuple(inputs[key].to(device).transpose(0, 1) for key in states)
+        env_outputs = {key: inputs[key].unsqueeze(0) for key in inputs if key not in states}
+        core_state = tuple(inputs[key].transpose(0, 1) for key in states)  # the model makes it contiguous
         with torch.no_grad(), self.weights_lock:
             outputs, core_state = self.policy(env_outputs, core_state)
-        result = {key: value[0].cpu() for key, value in outputs.items()}
+        result = {key: value[0] for key, value in outputs.items()}
         for i, state in enumerate(core_state):
-            result[f"core_state_{i}"] = state.transpose(0, 1).cpu()
+            result[f"core_state_{i}"] = state.transpose(0, 1)
         return result
 
-    def _fail(self, error: Exception) -> None:
-        """Stops the run with error (raised by train() once everything is shut down)."""
-        if not self._errors:
-            self._errors.append(error)
-        self.run.stop_requested.set()
+    def _infer_on_gpu(self, inputs: dict) -> dict:
+        """As _infer, on inference's own stream: inputs come pinned (the batcher assembles them so),
+        copies both ways are asynchronous, and only this stream is waited for."""
+        device, stream = self.device, self.inference_stream
+        states = sorted(key for key in inputs if key.startswith("core_state_"))
+        with torch.cuda.stream(stream), torch.no_grad():
+            moved = {key: value.to(device, non_blocking=True) for key, value in inputs.items()}
+            env_outputs = {key: moved[key].unsqueeze(0) for key in moved if key not in states}
+            core_state = tuple(moved[key].transpose(0, 1) for key in states)
+            with self.weights_lock:  # held to queue the work; the publisher orders its copy by events
+                self.publisher.wait_for_weights(stream)
+                outputs, core_state = self.policy(env_outputs, core_state)
+                done = torch.cuda.Event()
+                done.record(stream)
+                self.publisher.inference_done = done
+            # Non-blocking copies to the host land in pinned memory; the synchronize below waits for them.
+            result = {key: value[0].to("cpu", non_blocking=True) for key, value in outputs.items()}
+            for i, state in enumerate(core_state):
+                result[f"core_state_{i}"] = state.transpose(0, 1).to("cpu", non_blocking=True)
+        stream.synchronize()
+        return result
+
+    def _inference_failed(self, error: BaseException) -> None:
+        """Inference raised: the run stops with the error (its callers' streams end meanwhile)."""
+        if not self.run.stop_requested.is_set():
+            log.error("Central inference failed: %s: %s", type(error).__name__, error)
+        self.fail(error)
 
     def _enqueue(self, rollouts: dict, core_state: tuple) -> None:
         """Hands rollouts to the learner; waits while its queue is full (back-pressure)."""

@@ -5,6 +5,9 @@ takes the first waiting request, then gathers more until the batch would exceed 
 timeout_s has passed since it took the first, or every producer (producers(), when given) has a
 request in it: there is no one left to wait for. A request is never split, so one larger than
 max_batch_size runs alone.
+
+An exception from the evaluated function is answered to every caller of that batch and handed to
+on_error: the owner decides whether the batcher's failure ends its work (poly's inference: it does).
 """
 
 from __future__ import annotations
@@ -33,12 +36,18 @@ class DynamicBatcher:
         producers: Callable[[], int] | None = None,
         setup: Callable[[], None] | None = None,
         name: str = "batcher",
+        on_error: Callable[[BaseException], None] | None = None,
+        pin: bool = False,
     ):
         """producers: how many callers there are (no waiting once all are in a batch);
-        setup: run first on the worker thread (e.g. torch.set_num_threads, which is per thread)."""
+        setup: run first on the worker thread (e.g. torch.set_num_threads, which is per thread);
+        on_error: called with an exception fn raised (on the worker thread);
+        pin: batches assembled in pinned memory (bound for a GPU: the copy there is asynchronous)."""
         self.fn = fn
         self.producers = producers
         self.setup = setup
+        self.on_error = on_error
+        self.pin = pin
         self.max_batch_size = max_batch_size
         self.timeout_s = timeout_s
         self._requests = queue.Queue()
@@ -122,21 +131,31 @@ class DynamicBatcher:
             sizes = [size for _, size, _ in batch]
             started = time.perf_counter()
             try:
-                inputs = (
-                    batch[0][0]
-                    if len(batch) == 1
-                    else {key: torch.cat([request[key] for request, _, _ in batch]) for key in batch[0][0]}
-                )
-                outputs = self.fn(inputs)
+                outputs = self.fn(self._assemble([request for request, _, _ in batch]))
                 parts = {key: value.split(sizes) for key, value in outputs.items()}
-            except Exception as error:  # answer every caller; the batcher keeps serving
+            except Exception as error:  # answer every caller, then tell the owner
                 for _, _, future in batch:
                     future.set_exception(error)
+                if self.on_error is not None:
+                    self.on_error(error)
                 continue
             with self._stats_lock:
                 self._stats.append((sum(sizes), time.perf_counter() - started))
             for i, (_, _, future) in enumerate(batch):
                 future.set_result({key: value[i] for key, value in parts.items()})
+
+    def _assemble(self, requests: list) -> Tensors:
+        """One batch from the requests: concatenated (into pinned memory if pin), in one copy."""
+        if len(requests) == 1 and not self.pin:
+            return requests[0]
+        return {key: _concat([request[key] for request in requests], self.pin) for key in requests[0]}
+
+
+def _concat(tensors: list, pin: bool) -> torch.Tensor:
+    first = tensors[0]
+    size = sum(t.shape[0] for t in tensors)
+    out = torch.empty((size, *first.shape[1:]), dtype=first.dtype, pin_memory=pin)
+    return torch.cat(tensors, out=out)
 
 
 def _size(inputs: Tensors) -> int:

@@ -135,8 +135,10 @@ class RolloutQueue:
     a chunk always fits into an empty queue, so the bound is capacity plus one chunk.
     """
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, pin: bool = False):
+        """pin: batches are assembled in pinned memory (bound for a GPU: no second staging copy)."""
         self.capacity = capacity
+        self.pin = pin
         self._chunks = collections.deque()  # [rollouts, state, first column not yet taken]
         self._size = 0
         self._changed = threading.Condition()
@@ -177,17 +179,32 @@ class RolloutQueue:
                 needed -= take
             self._changed.notify_all()
         started = time.perf_counter()
-        batch = _join([{key: value[:, a:b] for key, value in rollouts.items()} for rollouts, _, a, b in pieces], 1)
-        states = _join([tuple(s[a:b] for s in state) for _, state, a, b in pieces], 0)
-        result = batch, tuple(s.transpose(0, 1).contiguous() for s in states)
+        columns = [{key: value[:, a:b] for key, value in rollouts.items()} for rollouts, _, a, b in pieces]
+        batch = _join(columns, 1, self.pin)
+        states = _join([tuple(s[a:b] for s in state) for _, state, a, b in pieces], 0, False)
+        result = batch, tuple(_copy(s.transpose(0, 1), self.pin) for s in states)
         self.assembly_s = time.perf_counter() - started
         return result
 
 
-def _join(parts: list, dim: int):
-    """Concatenates dicts or tuples of tensors along dim; a single part is returned as it is (views)."""
-    if len(parts) == 1:
+def _join(parts: list, dim: int, pin: bool):
+    """Concatenates dicts or tuples of tensors along dim; a single part is returned as it is (views),
+    unless pin: then everything is copied once, into pinned memory."""
+    if len(parts) == 1 and not pin:
         return parts[0]
     if isinstance(parts[0], dict):
-        return {key: torch.cat([part[key] for part in parts], dim=dim) for key in parts[0]}
-    return tuple(torch.cat(group, dim=dim) for group in zip(*parts))
+        return {key: _cat([part[key] for part in parts], dim, pin) for key in parts[0]}
+    return tuple(_cat(group, dim, pin) for group in zip(*parts))
+
+
+def _cat(tensors: list, dim: int, pin: bool) -> torch.Tensor:
+    shape = list(tensors[0].shape)
+    shape[dim] = sum(t.shape[dim] for t in tensors)
+    return torch.cat(tensors, dim, out=torch.empty(shape, dtype=tensors[0].dtype, pin_memory=pin))
+
+
+def _copy(tensor: torch.Tensor, pin: bool) -> torch.Tensor:
+    """A contiguous copy, in pinned memory if pin."""
+    if not pin:
+        return tensor.contiguous()
+    return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor)

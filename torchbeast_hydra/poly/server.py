@@ -45,6 +45,11 @@ warnings.filterwarnings(
 REFUSAL_HEADROOM = 8
 
 
+class InferenceFailed(RuntimeError):
+    """Central inference raised (a bug in the model, CUDA out of memory, ...): the stream ends as
+    if the learner stopped, which it does (the batcher's owner hears of the error, batcher.py)."""
+
+
 class Refused(Exception):
     """A client the server will not serve; carries the gRPC status to end its stream with."""
 
@@ -146,7 +151,7 @@ class ActorPool:
                 started = time.perf_counter()
                 try:
                     actions = session.step(self._step(raw, hello.num_envs))
-                except BatcherClosed:
+                except (BatcherClosed, InferenceFailed):
                     break
                 except NonFiniteAction as error:  # never step an env with NaN: the run stops
                     self.on_fatal(error)
@@ -339,7 +344,12 @@ class Session:
         inputs = {key: torch.from_numpy(env_outputs[key]) for key in POLICY_INPUTS}
         inputs.update({f"core_state_{i}": s for i, s in enumerate(self.core_state)})
         started = time.perf_counter()
-        outputs = self.inference(inputs)
+        try:
+            outputs = self.inference(inputs)
+        except BatcherClosed:
+            raise
+        except Exception as error:
+            raise InferenceFailed(f"central inference failed: {type(error).__name__}: {error}") from error
         self.inference_s = time.perf_counter() - started
         self.core_state = tuple(outputs[f"core_state_{i}"] for i in range(len(self.core_state)))
         self.builder.set_agent_outputs({key: value.numpy() for key, value in outputs.items()})
