@@ -322,7 +322,7 @@ def test_padding_in_one_column_of_a_batch():
 # Learner: one optimiser step on a tiny MLP.
 # ---------------------------------------------------------------------------------------------
 
-SPEC = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype("float32"), num_actions=2)
+SPEC = EnvSpec.box((4,), np.dtype("float32"), 2)
 
 
 def learner_cfg(batch_size=2, unroll_length=3, total_steps=24, anneal_lr=True, use_lstm=False):

@@ -6,12 +6,12 @@ from torchbeast_hydra.config import AtariNetConfig, ConfigError, MLPConfig, ResN
 from torchbeast_hydra.envs import EnvSpec
 from torchbeast_hydra.models import make_model
 
-ATARI = EnvSpec((4, 84, 84), np.dtype(np.uint8), 6)
-VECTOR = EnvSpec((4,), np.dtype(np.float32), 2)
+ATARI = EnvSpec.box((4, 84, 84), np.dtype(np.uint8), 6)
+VECTOR = EnvSpec.box((4,), np.dtype(np.float32), 2)
 
 
 def inputs(spec, T, B, done=None):
-    if spec.obs_dtype == np.uint8:
+    if spec.leaves[0].dtype == np.uint8:
         frame = torch.randint(0, 256, (T, B, *spec.obs_shape), dtype=torch.uint8)
     else:
         frame = torch.randn(T, B, *spec.obs_shape)
@@ -79,11 +79,11 @@ def test_image_model_on_vector_env_is_refused(name):
 
 def test_image_too_small_is_refused():
     with pytest.raises(ConfigError, match="screen_size"):
-        make_model(AtariNetConfig(), EnvSpec((4, 20, 20), np.dtype(np.uint8), 6))
+        make_model(AtariNetConfig(), EnvSpec.box((4, 20, 20), np.dtype(np.uint8), 6))
 
 
 def test_sampling_from_non_finite_logits_acts_uniformly_instead_of_crashing():
-    model = make_model(MLPConfig(hidden_sizes=[8]), EnvSpec((4,), np.dtype("float32"), 3))
+    model = make_model(MLPConfig(hidden_sizes=[8]), EnvSpec.box((4,), np.dtype("float32"), 3))
     with torch.no_grad():
         model.policy.bias.fill_(float("nan"))
     inputs = dict(

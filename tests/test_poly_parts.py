@@ -80,7 +80,7 @@ def env_outputs(n=2, last_action=0, reward=0.0):
 
 
 def decode(raw, n=2):
-    return wire.decode_step(wire.parse(wire.ClientMessage, raw), n, (4,), "float32", 3)
+    return wire.decode_step(wire.parse(wire.ClientMessage, raw), n, EnvSpec.box((4,), np.float32, 3))
 
 
 def test_step_round_trip():
@@ -207,7 +207,7 @@ def test_inputs_must_share_the_batch_dimension():
 
 # -- unroll assembly -----------------------------------------------------------------------------
 
-SPEC = EnvSpec(obs_shape=(1,), obs_dtype=np.dtype("float32"), num_actions=2)
+SPEC = EnvSpec.box((1,), np.dtype("float32"), 2)
 
 
 class Steps:

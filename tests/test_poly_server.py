@@ -18,7 +18,7 @@ from torchbeast_hydra.poly.batcher import DynamicBatcher
 from torchbeast_hydra.poly.server import ActorPool, ServerSettings, make_server
 
 TOKEN = "server-token"
-SPEC = EnvSpec((3,), np.dtype(np.float32), 2)
+SPEC = EnvSpec.box((3,), np.dtype(np.float32), 2)
 
 
 def trivial_policy(inputs: dict) -> dict:
@@ -65,8 +65,7 @@ def hello(num_envs=2):
     message = wire.ClientMessage()
     message.hello.env_id = "Test-v0"
     message.hello.num_envs = num_envs
-    message.hello.obs_shape[:] = SPEC.obs_shape
-    message.hello.obs_dtype = "float32"
+    wire.describe_obs(SPEC, message.hello)
     message.hello.num_actions = SPEC.num_actions
     return message.SerializeToString()
 

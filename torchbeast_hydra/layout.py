@@ -5,8 +5,11 @@ the learner's batches all derive from `LAYOUT`. A rollout is [T+1, ...] per key;
 for what the rows mean.
 
 Shapes and dtypes may name the env's spaces: OBS (the observation's shape or dtype) and ACTIONS
-(the number of actions). Adding a key here adds it everywhere; who writes it says where its
-values come from: the env (sent by poly clients), the acting policy, or the backend (the mask).
+(the number of actions). The `frame` entry stands for the observation: an env whose observation
+is one array keeps the key `frame`; a Dict/Tuple observation has one key per leaf in its place
+(obs/glyphs, obs/blstats, ...: envs.EnvSpec.leaves), each with its own shape and dtype.
+Adding a key here adds it everywhere; who writes it says where its values come from: the env
+(sent by poly clients), the acting policy, or the backend (the mask).
 """
 
 from __future__ import annotations
@@ -54,12 +57,16 @@ def numpy_specs(spec, writer: str | None = None) -> dict:
     for key, f in LAYOUT.items():
         if writer is not None and f.writer != writer:
             continue
-        shape = (
-            tuple(spec.obs_shape) if f.shape == OBS else tuple(spec.num_actions if d == ACTIONS else d for d in f.shape)
-        )
-        dtype = np.dtype(spec.obs_dtype) if f.dtype == OBS else np.dtype(f.dtype)
-        out[key] = (shape, dtype)
+        if f.shape == OBS:  # the observation's leaves, in its place
+            out.update({leaf.key: (leaf.shape, leaf.dtype) for leaf in spec.leaves})
+            continue
+        out[key] = (tuple(spec.num_actions if d == ACTIONS else d for d in f.shape), np.dtype(f.dtype))
     return out
+
+
+def env_keys(spec) -> tuple:
+    """The env keys of this env's rollouts: ENV_KEYS with the observation's leaves for `frame`."""
+    return tuple(numpy_specs(spec, ENV))
 
 
 def env_outputs(spec, num_envs: int) -> dict:
