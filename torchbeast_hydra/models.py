@@ -44,8 +44,18 @@ class Body(nn.Module):
     output_size: int
 
 
+def _array_shape(obs_shape, model: str) -> tuple:
+    """The shape of an observation that is one array; Dict/Tuple observations need another body."""
+    if isinstance(obs_shape, dict):
+        raise ValueError(
+            f"{model} takes observations that are one array, but this env's has leaves {list(obs_shape)}: "
+            "use model=multi (one encoder per leaf), model=nethack (NetHack, MiniHack) or a body of yours."
+        )
+    return tuple(obs_shape)
+
+
 def _image_shape(obs_shape: tuple, model: str) -> tuple:
-    if len(obs_shape) != 3:
+    if len(_array_shape(obs_shape, model)) != 3:
         raise ValueError(
             f"{model} needs image observations [channels, height, width], but the env's observations "
             f"have shape {tuple(obs_shape)}. Use model=mlp for vector observations."
@@ -142,7 +152,7 @@ class MLPBody(Body):
         super().__init__()
         if not hidden_sizes:
             raise ValueError("model.hidden_sizes needs at least one layer.")
-        layers, size = [], math.prod(obs_shape)
+        layers, size = [], math.prod(_array_shape(obs_shape, "model=mlp"))
         for hidden in hidden_sizes:
             layers += [nn.Linear(size, hidden), nn.ReLU()]
             size = hidden
