@@ -12,7 +12,7 @@ import torch
 from torchbeast_hydra import checkpoint, layout, memory
 from torchbeast_hydra.config import ConfigError, EnvConfig, MultiConfig, NetHackConfig
 from torchbeast_hydra.encoders import NetHackBody
-from torchbeast_hydra.envs import EnvSpec, Environments, observation_leaves, probe_env
+from torchbeast_hydra.envs import Environments, EnvSpec, observation_leaves, probe_env
 from torchbeast_hydra.models import make_model
 from torchbeast_hydra.poly import wire
 
