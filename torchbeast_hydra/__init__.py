@@ -5,6 +5,7 @@ Reading order, following the data:
 1. envs.py      an env (any gymnasium id; Atari preprocessed) and a few stepped in lockstep
    layout.py    the rollout layout: every key a rollout holds, with its shape and dtype
 2. models.py    the policy: a body (obs -> features) on the shared actor-critic core
+   encoders.py  bodies for Dict/Tuple observations: an encoder per leaf (multi), NetHack's (nethack)
    mono.py      the actors of MonoBeast: processes that act and fill shared-memory rollouts
    poly/        the actors of PolyBeast: env clients, the ActorPool server, central inference
    vector_envs.py  ale-py's native vector env, the same contract as envs.py, for poly clients
