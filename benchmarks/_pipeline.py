@@ -28,10 +28,9 @@ class FixedFrames:
     """A zero-cost env maker for EnvClient: the same frames every step, no episode ever ends."""
 
     def __init__(self, obs_shape: tuple, obs_dtype: str, num_actions: int):
-        from torchbeast_hydra.actions import ActionSpec
         from torchbeast_hydra.envs import EnvSpec
 
-        self.spec = EnvSpec(tuple(obs_shape), np.dtype(obs_dtype), ActionSpec.discrete(num_actions))
+        self.spec = EnvSpec.box(tuple(obs_shape), np.dtype(obs_dtype), num_actions)
 
     def __call__(self, num_envs: int, seed: int):
         return _Fixed(self.spec, num_envs)
@@ -109,7 +108,7 @@ class NullLearner:
             initial_state=lambda n: (),
             emit=self._enqueue,
         )
-        self.max_bytes = wire.max_message_bytes(maker.spec.obs_shape, maker.spec.obs_dtype, max(args.envs))
+        self.max_bytes = wire.max_message_bytes(maker.spec, max(args.envs))
         self.server, port = make_server(self.pool, "127.0.0.1:0", self.max_bytes)
         self.address = f"127.0.0.1:{port}"
         self.steps = 0
@@ -196,7 +195,7 @@ def measure_cli(maker, args, clients: int, envs: int) -> dict:
     from torchbeast_hydra.poly import wire
 
     token = secrets.token_urlsafe(16)
-    max_bytes = wire.max_message_bytes(maker.spec.obs_shape, maker.spec.obs_dtype, max(envs, 256))
+    max_bytes = wire.max_message_bytes(maker.spec, max(envs, 256))
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         command = cli_command(

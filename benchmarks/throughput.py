@@ -192,7 +192,7 @@ def pipeline_mode(args) -> None:
         else f"the learner's config: {' '.join(args.overrides) or 'defaults'}"
     )
     print(
-        f"pipeline: {args.obs} frames {list(maker.spec.obs_shape)} {maker.spec.obs_dtype}, "
+        f"pipeline: {args.obs} frames {list(maker.spec.obs_shape)} {maker.spec.leaves[0].dtype}, "
         f"learner={args.learner}, {shape}, {args.warmup:g} s warm-up + {args.seconds:g} s"
     )
     extra = "  update us/step  queue" if args.learner == "cli" else ""

@@ -8,7 +8,7 @@ from torchbeast_hydra.envs import Environments, is_atari, make_env, probe_env
 def test_atari_preprocessing_matches_torchbeast():
     spec = probe_env(EnvConfig(id="ALE/Pong-v5"))
     assert spec.obs_shape == (4, 84, 84)
-    assert spec.obs_dtype == np.uint8
+    assert spec.leaves[0].dtype == np.uint8
     assert spec.actions.nvec[0] == 6  # minimal action set
 
 

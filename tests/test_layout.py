@@ -5,13 +5,12 @@ import numpy as np
 import torch
 
 from torchbeast_hydra import layout
-from torchbeast_hydra.actions import ActionSpec
 from torchbeast_hydra.config import EnvConfig
 from torchbeast_hydra.envs import Environments, EnvSpec
 from torchbeast_hydra.mono import create_buffers
 from torchbeast_hydra.poly import wire
 
-SPEC = EnvSpec(obs_shape=(4, 84, 84), obs_dtype=np.dtype(np.uint8), actions=ActionSpec.discrete(6))
+SPEC = EnvSpec.box((4, 84, 84), np.dtype(np.uint8), 6)
 
 
 def test_specs_resolve_the_env_spaces():
@@ -32,7 +31,7 @@ def test_every_consumer_derives_its_keys_from_the_layout():
     finally:
         envs.close()
     assert wire.STEP_KEYS == layout.ENV_KEYS
-    assert [f.name for f in wire.Step.DESCRIPTOR.fields] == list(layout.ENV_KEYS)
+    assert [f.name for f in wire.Step.DESCRIPTOR.fields] == [*layout.ENV_KEYS, "obs"]  # obs: Dict/Tuple leaves
     buffers = create_buffers(SPEC, unroll_length=5, count=3)
     assert set(buffers) == set(layout.LAYOUT)
     assert buffers["policy_logits"].shape == (6, 3, 6) and buffers["frame"].dtype == torch.uint8

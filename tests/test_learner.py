@@ -11,7 +11,6 @@ import torch
 from omegaconf import OmegaConf
 
 from torchbeast_hydra import models
-from torchbeast_hydra.actions import ActionSpec
 from torchbeast_hydra.config import (
     Config,
     ConfigError,
@@ -323,7 +322,7 @@ def test_padding_in_one_column_of_a_batch():
 # Learner: one optimiser step on a tiny MLP.
 # ---------------------------------------------------------------------------------------------
 
-SPEC = EnvSpec(obs_shape=(4,), obs_dtype=np.dtype("float32"), actions=ActionSpec.discrete(2))
+SPEC = EnvSpec.box((4,), np.dtype("float32"), 2)
 
 
 def learner_cfg(batch_size=2, unroll_length=3, total_steps=24, anneal_lr=True, use_lstm=False):

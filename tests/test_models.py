@@ -8,12 +8,12 @@ from torchbeast_hydra.config import AtariNetConfig, ConfigError, MLPConfig, ResN
 from torchbeast_hydra.envs import EnvSpec
 from torchbeast_hydra.models import make_model
 
-ATARI = EnvSpec((4, 84, 84), np.dtype(np.uint8), 6)
-VECTOR = EnvSpec((4,), np.dtype(np.float32), 2)
+ATARI = EnvSpec.box((4, 84, 84), np.dtype(np.uint8), 6)
+VECTOR = EnvSpec.box((4,), np.dtype(np.float32), 2)
 
 
 def inputs(spec, T, B, done=None):
-    if spec.obs_dtype == np.uint8:
+    if spec.leaves[0].dtype == np.uint8:
         frame = torch.randint(0, 256, (T, B, *spec.obs_shape), dtype=torch.uint8)
     else:
         frame = torch.randn(T, B, *spec.obs_shape)
@@ -81,11 +81,11 @@ def test_image_model_on_vector_env_is_refused(name):
 
 def test_image_too_small_is_refused():
     with pytest.raises(ConfigError, match="screen_size"):
-        make_model(AtariNetConfig(), EnvSpec((4, 20, 20), np.dtype(np.uint8), 6))
+        make_model(AtariNetConfig(), EnvSpec.box((4, 20, 20), np.dtype(np.uint8), 6))
 
 
 def test_sampling_from_non_finite_logits_acts_uniformly_instead_of_crashing():
-    model = make_model(MLPConfig(hidden_sizes=[8]), EnvSpec((4,), np.dtype("float32"), 3))
+    model = make_model(MLPConfig(hidden_sizes=[8]), EnvSpec.box((4,), np.dtype("float32"), 3))
     with torch.no_grad():
         model.policy.bias.fill_(float("nan"))
     inputs = dict(
@@ -133,7 +133,7 @@ def test_atari_net_starts_orthogonal_and_the_policy_near_uniform():
 )
 def test_the_policy_head_and_last_action_follow_the_action_space(space):
     actions = action_spec(space, "Test-v0")
-    model = make_model(MLPConfig(hidden_sizes=[8]), EnvSpec((4,), np.dtype(np.float32), actions))
+    model = make_model(MLPConfig(hidden_sizes=[8]), EnvSpec.box((4,), np.float32, actions))
     T, B = 3, 2
     last_action = torch.from_numpy(np.stack([space.sample() for _ in range(T * B)]).reshape(T, B, -1))
     inputs = dict(frame=torch.randn(T, B, 4), reward=torch.zeros(T, B), done=torch.zeros(T, B, dtype=torch.bool))
@@ -152,7 +152,7 @@ def test_the_policy_head_and_last_action_follow_the_action_space(space):
 
 def test_running_norm_learns_from_the_learner_only_and_is_checkpointed():
     torch.manual_seed(0)
-    spec = EnvSpec((3,), np.dtype(np.float32), 2)
+    spec = EnvSpec.box((3,), np.float32, 2)
     model = make_model(MLPConfig(hidden_sizes=[8], normalize_obs=True), spec)
     norm = model.body.normalize
     assert norm.count == 0  # building and checking the model (no_grad) taught it nothing

@@ -89,8 +89,7 @@ def hello(num_envs=1, obs_shape=(4,), num_actions=2):
     message = wire.ClientMessage()
     message.hello.env_id = "CartPole-v1"
     message.hello.num_envs = num_envs
-    message.hello.obs_shape[:] = obs_shape
-    message.hello.obs_dtype = "float32"
+    message.hello.obs.add(name="frame", dtype="float32", shape=obs_shape)
     message.hello.action_space = wire.action_space_text(ActionSpec.discrete(num_actions))
     return message.SerializeToString()
 

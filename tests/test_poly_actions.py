@@ -19,7 +19,7 @@ from torchbeast_hydra.poly.batcher import DynamicBatcher
 from torchbeast_hydra.poly.server import ActorPool, ServerSettings, make_server
 
 BOX = action_spec(gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "Box-v0")
-SPEC = EnvSpec((3,), np.dtype(np.float32), BOX)
+SPEC = EnvSpec.box((3,), np.float32, BOX)
 
 
 class Policy:
@@ -61,8 +61,7 @@ def hello(actions: ActionSpec = BOX, num_envs=2):
     message = wire.ClientMessage()
     message.hello.env_id = "Box-v0"
     message.hello.num_envs = num_envs
-    message.hello.obs_shape[:] = SPEC.obs_shape
-    message.hello.obs_dtype = "float32"
+    wire.describe_obs(SPEC, message.hello)
     message.hello.action_space = wire.action_space_text(actions)
     return message.SerializeToString()
 

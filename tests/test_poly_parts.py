@@ -10,7 +10,6 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from torchbeast_hydra import layout
 from torchbeast_hydra.actions import ActionSpec
 from torchbeast_hydra.config import VtraceConfig
 from torchbeast_hydra.envs import EnvSpec
@@ -81,13 +80,11 @@ def env_outputs(n=2, last_action=0, reward=0.0):
     )
 
 
-STEP_SPEC = EnvSpec((4,), np.dtype("float32"), ActionSpec.discrete(3))
+STEP_SPEC = EnvSpec.box((4,), np.dtype("float32"), 3)
 
 
 def decode(raw, n=2):
-    return wire.decode_step(
-        wire.parse(wire.ClientMessage, raw), n, layout.numpy_specs(STEP_SPEC, layout.ENV), STEP_SPEC.actions
-    )
+    return wire.decode_step(wire.parse(wire.ClientMessage, raw), n, STEP_SPEC)
 
 
 def test_step_round_trip():
@@ -214,7 +211,7 @@ def test_inputs_must_share_the_batch_dimension():
 
 # -- unroll assembly -----------------------------------------------------------------------------
 
-SPEC = EnvSpec(obs_shape=(1,), obs_dtype=np.dtype("float32"), actions=ActionSpec.discrete(2))
+SPEC = EnvSpec.box((1,), np.dtype("float32"), 2)
 
 
 class Steps:

@@ -1,5 +1,6 @@
 """The ActorPool server in-process, with raw client streams: it stays hard against clients that
-send non-finite frames, go silent, or come when it is full."""
+send non-finite frames or observation leaves that do not fit the env's spaces, go silent, or come
+when it is full."""
 
 import logging
 import queue
@@ -7,23 +8,23 @@ import threading
 import time
 
 import grpc
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 from torchbeast_hydra import layout
-from torchbeast_hydra.actions import ActionSpec
-from torchbeast_hydra.envs import EnvSpec
+from torchbeast_hydra.envs import EnvSpec, observation_leaves
 from torchbeast_hydra.poly import wire
 from torchbeast_hydra.poly.batcher import DynamicBatcher
 from torchbeast_hydra.poly.server import ActorPool, ServerSettings, make_server
 
 TOKEN = "server-token"
-SPEC = EnvSpec((3,), np.dtype(np.float32), ActionSpec.discrete(2))
+SPEC = EnvSpec.box((3,), np.dtype(np.float32), 2)
 
 
 def trivial_policy(inputs: dict) -> dict:
-    n = inputs["frame"].shape[0]
+    n = inputs["done"].shape[0]
     return dict(
         action=torch.zeros(n, dtype=torch.int64),
         policy_logits=torch.zeros(n, SPEC.actions.num_params),
@@ -34,6 +35,10 @@ def trivial_policy(inputs: dict) -> dict:
 @pytest.fixture
 def served():
     """(pool, port, emitted rollouts) for a pool with max_clients=2 and a 0.5 s idle limit."""
+    yield from serve(SPEC)
+
+
+def serve(spec: EnvSpec):
     inference = DynamicBatcher(trivial_policy, max_batch_size=64, timeout_s=0.001)
     emitted = []
     settings = ServerSettings(
@@ -47,7 +52,7 @@ def served():
         client_idle_timeout_s=0.5,
     )
     pool = ActorPool(
-        SPEC,
+        spec,
         settings,
         token=TOKEN,
         inference=inference,
@@ -62,12 +67,11 @@ def served():
     server.stop(grace=None).wait()
 
 
-def hello(num_envs=2):
+def hello(num_envs=2, spec=SPEC):
     message = wire.ClientMessage()
     message.hello.env_id = "Test-v0"
     message.hello.num_envs = num_envs
-    message.hello.obs_shape[:] = SPEC.obs_shape
-    message.hello.obs_dtype = "float32"
+    wire.describe_obs(spec, message.hello)
     message.hello.action_space = wire.action_space_text(SPEC.actions)
     return message.SerializeToString()
 
@@ -170,3 +174,106 @@ def test_a_client_that_never_says_hello_is_dropped_too(served):
     error = mute.error()
     mute.close()
     assert error.code() == grpc.StatusCode.CANCELLED and pool.dropped == 1
+
+
+# -- Dict/Tuple observations: every leaf a client sends is checked -------------------------------
+
+STRUCTURED_SPACE = gym.spaces.Dict(
+    {
+        "glyphs": gym.spaces.Box(0, 100, (2, 3), np.int16),
+        "pos": gym.spaces.Discrete(4, start=1),
+        "inner": gym.spaces.Tuple((gym.spaces.MultiBinary(3), gym.spaces.MultiDiscrete([2, 5]))),
+        "speed": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
+    }
+)
+STRUCTURED = EnvSpec(observation_leaves(STRUCTURED_SPACE), 2)
+
+
+@pytest.fixture
+def served_structured():
+    yield from serve(STRUCTURED)
+
+
+def structured_outputs(num_envs=2) -> dict:
+    outputs = layout.env_outputs(STRUCTURED, num_envs)
+    outputs["obs/pos"][:] = 1
+    outputs["obs/inner/1"][:] = [1, 4]
+    outputs["done"][:] = False
+    return outputs
+
+
+def with_leaf(key, value) -> dict:
+    outputs = structured_outputs()
+    outputs[key] = np.asarray(value)
+    return outputs
+
+
+def without(key) -> dict:
+    outputs = structured_outputs()
+    del outputs[key]
+    return outputs
+
+
+BAD_LEAVES = {
+    "missing": (wire.encode_step(without("obs/speed"), STRUCTURED.obs_keys[:-1]), "missing ['obs/speed']"),
+    "extra": (
+        wire.encode_step(dict(structured_outputs(), **{"obs/x": np.zeros(2)}), (*STRUCTURED.obs_keys, "obs/x")),
+        "extra ['obs/x']",
+    ),
+    "frame": (wire.encode_step(dict(structured_outputs(), frame=np.zeros((2, 3), np.float32))), "extra observation"),
+    "dtype": (
+        wire.encode_step(with_leaf("obs/glyphs", np.zeros((2, 2, 3), np.int32)), STRUCTURED.obs_keys),
+        "obs/glyphs: expected int16 [2, 2, 3], got int32",
+    ),
+    "shape": (
+        wire.encode_step(with_leaf("obs/glyphs", np.zeros((2, 3, 2), np.int16)), STRUCTURED.obs_keys),
+        "obs/glyphs: expected int16 [2, 2, 3], got int16 [2, 3, 2]",
+    ),
+    "discrete": (
+        wire.encode_step(with_leaf("obs/pos", np.array([1, 0])), STRUCTURED.obs_keys),
+        "obs/pos is outside Discrete(4, start=1) for envs [1]",
+    ),
+    "multidiscrete": (
+        wire.encode_step(with_leaf("obs/inner/1", np.array([[1, 5], [0, 0]])), STRUCTURED.obs_keys),
+        "obs/inner/1 is outside MultiDiscrete([2 5]) for envs [0]",
+    ),
+    "multibinary": (
+        wire.encode_step(with_leaf("obs/inner/0", np.array([[0, 1, 1], [0, 2, 0]], np.int8)), STRUCTURED.obs_keys),
+        "obs/inner/0 has values other than 0 and 1 for envs [1]",
+    ),
+    "non-finite": (
+        wire.encode_step(with_leaf("obs/speed", np.array([[0, np.nan], [0, 0]], np.float32)), STRUCTURED.obs_keys),
+        "obs/speed has non-finite values (NaN/inf) for envs [0]",
+    ),
+}
+
+
+@pytest.mark.parametrize("what", BAD_LEAVES)
+def test_a_client_with_a_bad_leaf_is_refused_naming_it_and_good_clients_go_on(served_structured, what):
+    pool, port, emitted = served_structured
+    good = RawClient(port)
+    assert good.send(hello(spec=STRUCTURED)) == "welcome"
+    assert good.send(wire.encode_step(structured_outputs(), STRUCTURED.obs_keys)) == "actions"
+    raw, reason = BAD_LEAVES[what]
+    bad = RawClient(port)
+    assert bad.send(hello(spec=STRUCTURED)) == "welcome"
+    bad.outgoing.put(raw)
+    error = bad.error()
+    bad.close()
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and reason in error.details(), error.details()
+    for _ in range(6):  # past an unroll: the good client's rollout reaches the learner
+        assert good.send(wire.encode_step(structured_outputs(), STRUCTURED.obs_keys)) == "actions"
+    good.close()
+    assert pool.rejected == 1 and emitted and set(STRUCTURED.obs_keys) <= set(emitted[0])
+    assert emitted[0]["obs/inner/1"].dtype == torch.int64 and emitted[0]["obs/inner/1"][1, 0].tolist() == [1, 4]
+
+
+def test_a_client_whose_leaves_differ_from_the_learners_is_refused_at_hello(served_structured):
+    _, port, _ = served_structured
+    other = EnvSpec(observation_leaves(gym.spaces.Dict({"glyphs": STRUCTURED_SPACE["glyphs"]})), 2)
+    client = RawClient(port)
+    client.outgoing.put(hello(spec=other))
+    error = client.error()
+    client.close()
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "obs/glyphs: int16 [2, 3]}" in error.details() and "obs/pos: int64 []" in error.details()

@@ -7,6 +7,7 @@ Reading order, following the data:
    layout.py    the rollout layout: every key a rollout holds, with its shape and dtype
 2. models.py    the policy: a body (obs -> features) on the shared actor-critic core
    distributions.py  the action space's distribution: sample, greedy, log-prob, entropy, KL
+   encoders.py  bodies for Dict/Tuple observations: an encoder per leaf (multi), NetHack's (nethack)
    mono.py      the actors of MonoBeast: processes that act and fill shared-memory rollouts
    poly/        the actors of PolyBeast: env clients, the ActorPool server, central inference
    vector_envs.py  ale-py's native vector env, the same contract as envs.py, for poly clients
@@ -17,7 +18,8 @@ Reading order, following the data:
 
 Around them: config.py (typed configs), __main__.py (the command), memory.py (the memory a config
 needs, checked before anything starts), supervision.py (actor processes, replaced when they die),
-signals.py (stopping cleanly), seeding.py and devices.py, checkpoint.py, metrics.py, wandb_log.py and
+signals.py (stopping cleanly), seeding.py and devices.py, publish.py (weights to the acting policy),
+accel.py (GPU speed options), checkpoint.py, metrics.py, wandb_log.py and
 tensorboard_log.py (where stats go), evaluate.py (mode=test), launch.py (sweeps and SLURM),
 analysis/ (runs into pandas, plots, the plot command).
 """

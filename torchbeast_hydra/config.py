@@ -54,6 +54,10 @@ class EnvConfig:
     imports: List[str] = field(default_factory=list)
     # Extra keyword arguments for gymnasium.make.
     make_kwargs: Dict[str, Any] = field(default_factory=dict)
+    # The observation's leaves to keep (Dict/Tuple observations), by path: e.g. [image, direction]
+    # (MiniGrid: leaves out `mission`, a string), [glyphs, blstats], [inner/0]; a Dict key keeps all
+    # below it. null: every leaf; a leaf that is not an array (gymnasium's Text) is then refused.
+    obs_keys: Optional[List[str]] = None
 
 
 @dataclass
@@ -74,6 +78,35 @@ class AtariPreprocessing:
 @dataclass
 class AtariEnvConfig(AtariPreprocessing, EnvConfig):
     """An Atari game (conf/env/pong.yaml and the others): what every env has, and the preprocessing."""
+
+
+@dataclass
+class NetHackEnvConfig(EnvConfig):
+    """NLE's tasks (env=nethack): NetHackScore-v0 or any other NLE id; pip install ".[nethack]"."""
+
+    id: str = "NetHackScore-v0"
+    imports: List[str] = field(default_factory=lambda: ["nle"])  # registers NLE's ids
+    # NLE computes only the observations asked for: those the NetHack model reads.
+    make_kwargs: Dict[str, Any] = field(default_factory=lambda: {"observation_keys": ["glyphs", "blstats"]})
+
+
+@dataclass
+class MiniHackEnvConfig(EnvConfig):
+    """MiniHack's tasks (env=minihack): any MiniHack id; pip install ".[minihack]"."""
+
+    id: str = "MiniHack-Room-15x15-v0"
+    imports: List[str] = field(default_factory=lambda: ["minihack"])
+    make_kwargs: Dict[str, Any] = field(default_factory=lambda: {"observation_keys": ["glyphs", "blstats"]})
+
+
+@dataclass
+class MiniGridEnvConfig(EnvConfig):
+    """MiniGrid's tasks (env=minigrid): any MiniGrid id; pip install ".[minigrid]"."""
+
+    id: str = "MiniGrid-DoorKey-6x6-v0"
+    imports: List[str] = field(default_factory=lambda: ["minigrid"])
+    # The 7x7 view's (object, colour, state) codes and the agent's heading; `mission` is a string.
+    obs_keys: Optional[List[str]] = field(default_factory=lambda: ["image", "direction"])
 
 
 def atari_settings(env_cfg) -> AtariPreprocessing:
@@ -121,6 +154,31 @@ class MLPConfig(ModelConfig):
     _target_: str = "torchbeast_hydra.models.MLPBody"
     hidden_sizes: List[int] = field(default_factory=lambda: [64, 64])  # one ReLU layer each
     normalize_obs: bool = False  # standardise observations by running statistics (checkpointed)
+
+
+@dataclass
+class MultiConfig(ModelConfig):
+    """One encoder per observation leaf (Dict/Tuple observations): convs for images, embeddings
+    for Discrete leaves, vectors flattened; concatenated, then an MLP (encoders.MultiBody)."""
+
+    _target_: str = "torchbeast_hydra.encoders.MultiBody"
+    embedding_dim: int = 16  # per Discrete entry
+    conv_channels: List[int] = field(default_factory=lambda: [16, 32])  # one 3x3 conv each, for image leaves
+    hidden_sizes: List[int] = field(default_factory=lambda: [256])  # ReLU layers over the concatenated features
+
+
+@dataclass
+class NetHackConfig(ModelConfig):
+    """NLE's baseline net for NetHack and MiniHack (encoders.NetHackBody)."""
+
+    _target_: str = "torchbeast_hydra.encoders.NetHackBody"
+    embedding_dim: int = 32  # per glyph
+    crop_size: int = 9  # the egocentric view around the agent
+    conv_channels: List[int] = field(default_factory=lambda: [16, 16, 16, 16, 8])  # 3x3 convs, map and crop each
+    stats_hidden: int = 32  # two ReLU layers over the bottom-line stats
+    output_size: int = 512  # two ReLU layers over map, crop and stats
+    glyphs_key: str = "obs/glyphs"
+    blstats_key: str = "obs/blstats"
 
 
 @dataclass
@@ -332,10 +390,15 @@ def register_configs() -> None:
     cs.store(name="base_config", node=Config)
     cs.store(group="env", name="base_env", node=EnvConfig)
     cs.store(group="env", name="base_atari_env", node=AtariEnvConfig)
+    cs.store(group="env", name="base_nethack_env", node=NetHackEnvConfig)
+    cs.store(group="env", name="base_minihack_env", node=MiniHackEnvConfig)
+    cs.store(group="env", name="base_minigrid_env", node=MiniGridEnvConfig)
     cs.store(group="model", name="base_model", node=ModelConfig)
     cs.store(group="model", name="base_atari_net", node=AtariNetConfig)
     cs.store(group="model", name="base_resnet", node=ResNetConfig)
     cs.store(group="model", name="base_mlp", node=MLPConfig)
+    cs.store(group="model", name="base_multi", node=MultiConfig)
+    cs.store(group="model", name="base_nethack", node=NetHackConfig)
     cs.store(group="vtrace", name="base_vtrace", node=VtraceConfig)
     cs.store(group="optim", name="base_rmsprop", node=RMSPropConfig)
     cs.store(group="optim", name="base_adam", node=AdamConfig)

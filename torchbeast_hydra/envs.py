@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import math
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -44,12 +45,22 @@ def _register_ale() -> None:
 _register_ale()
 
 
+# The env families this package offers an extra for: the module that registers them -> the extra.
+EXTRAS = dict(nle="nethack", minihack="minihack", minigrid="minigrid")
+
+
 def import_modules(modules, what: str = "env.imports") -> None:
     """Imports the modules that register a user's envs (their gym.register calls run once)."""
     for module in modules:
         try:
             importlib.import_module(module)
         except ImportError as error:
+            extra = EXTRAS.get(module.split(".")[0])
+            if extra and getattr(error, "name", None) == module.split(".")[0]:
+                raise ConfigError(
+                    f'{what}: {module!r} is not installed; install it with: pip install "torchbeast_hydra[{extra}]" '
+                    f'(from a checkout: pip install ".[{extra}]").'
+                ) from error
             raise ConfigError(
                 f"{what}: cannot import {module!r} ({error}). Install it in this environment or put "
                 "its directory on PYTHONPATH (on every machine that runs env clients)."
@@ -144,35 +155,134 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
     return env
 
 
+# The spaces whose values are arrays, and so travel as leaves; Dict and Tuple nest them.
+ARRAY_SPACES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiBinary, gym.spaces.MultiDiscrete)
+FRAME = "frame"  # the key of an observation that is one array (Pong's frames, CartPole's vector)
+OBS_PREFIX = "obs/"  # the keys of a Dict's or Tuple's leaves: obs/glyphs, obs/inner/0
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One array of the observation: its key in the rollout, where it sits in the env's
+    observation (Dict keys and Tuple indices), and its space (shape, dtype, value range)."""
+
+    key: str
+    path: tuple
+    space: gym.Space
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.space.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.space.dtype)
+
+    def of(self, obs):
+        """This leaf's value in one observation of the env."""
+        for part in self.path:
+            obs = obs[part]
+        return obs
+
+
 @dataclass(frozen=True)
 class EnvSpec:
-    """What models and buffers need to know about an env."""
+    """What models and buffers need to know about an env: the observation's leaves (derived once,
+    by observation_leaves) and the number of actions."""
 
-    obs_shape: tuple
-    obs_dtype: np.dtype
+    leaves: tuple
     actions: ActionSpec  # the action space (actions.py); an int n stands for Discrete(n)
 
     def __post_init__(self):
         if isinstance(self.actions, (int, np.integer)):
             object.__setattr__(self, "actions", ActionSpec.discrete(int(self.actions)))
 
+    @classmethod
+    def box(cls, shape: tuple, dtype, actions) -> EnvSpec:
+        """The spec of an env whose observation is one Box (benchmarks and tests build these)."""
+        dtype = np.dtype(dtype)
+        low, high = (np.iinfo(dtype).min, np.iinfo(dtype).max) if dtype.kind in "ui" else (-np.inf, np.inf)
+        return cls((Leaf(FRAME, (), gym.spaces.Box(low, high, tuple(shape), dtype)),), actions)
 
-def env_spec(env: gym.Env, env_id: str) -> EnvSpec:
-    actions = action_spec(env.action_space, env_id)
-    space = env.observation_space
-    if not isinstance(space, gym.spaces.Box):
-        raise ConfigError(
-            f"env.id={env_id!r} has observation space {space}; a Box is needed (wrap Dict/Tuple "
-            "observations, e.g. gymnasium.wrappers.FlattenObservation)."
-        )
-    return EnvSpec(tuple(space.shape), np.dtype(space.dtype), actions)
+    @property
+    def single(self) -> bool:
+        """The observation is one array, `frame` (the fast path: no loops over leaves)."""
+        return len(self.leaves) == 1 and self.leaves[0].key == FRAME
+
+    @property
+    def obs_keys(self) -> tuple:
+        return tuple(leaf.key for leaf in self.leaves)
+
+    @property
+    def obs_shape(self):
+        """A single array's shape; for Dict/Tuple observations, leaf key -> that leaf's space."""
+        return self.leaves[0].shape if self.single else {leaf.key: leaf.space for leaf in self.leaves}
+
+    @property
+    def obs_bytes(self) -> int:
+        """One env's observation, every leaf counted."""
+        return sum(math.prod(leaf.shape) * leaf.dtype.itemsize for leaf in self.leaves)
+
+
+def observation_leaves(space: gym.Space, obs_keys=None, env_id: str = "?") -> tuple:
+    """The observation's leaves, in the space's order; obs_keys (env.obs_keys) keeps only those
+    named (leaf paths such as glyphs or inner/0, or a Dict's key to keep all below it)."""
+    if isinstance(space, ARRAY_SPACES):
+        found = [Leaf(FRAME, (), space)]
+    else:
+        found = list(_leaves(space, ()))
+    if obs_keys is not None:
+        found = _select(found, obs_keys, env_id)
+    for leaf in found:
+        if not isinstance(leaf.space, ARRAY_SPACES):
+            raise ConfigError(
+                f"env.id={env_id!r}: observation leaf {_name(leaf)!r} is a {type(leaf.space).__name__}, not an "
+                "array (Box, Discrete, MultiBinary, MultiDiscrete); leave it out with env.obs_keys, e.g. "
+                f"env.obs_keys=[{','.join(_name(x) for x in found if isinstance(x.space, ARRAY_SPACES))}]"
+            )
+    if not found:
+        raise ConfigError(f"env.id={env_id!r}: env.obs_keys={list(obs_keys)} keeps no part of the observation.")
+    return tuple(found)
+
+
+def _leaves(space: gym.Space, path: tuple):
+    if isinstance(space, gym.spaces.Dict):
+        items = space.spaces.items()
+    elif isinstance(space, gym.spaces.Tuple):
+        items = enumerate(space.spaces)
+    else:  # an array, or a space that is not one (Text, MiniGrid's MissionSpace): refused unless left out
+        yield Leaf(OBS_PREFIX + "/".join(str(p) for p in path), path, space)
+        return
+    for key, part in items:
+        yield from _leaves(part, (*path, key))
+
+
+def _name(leaf: Leaf) -> str:
+    return leaf.key.removeprefix(OBS_PREFIX)
+
+
+def _select(found: list, obs_keys, env_id: str) -> list:
+    wanted = [str(key).removeprefix(OBS_PREFIX) for key in obs_keys]
+    names = [_name(leaf) for leaf in found]
+    for key in wanted:
+        if not any(name == key or name.startswith(key + "/") for name in names):
+            raise ConfigError(
+                f"env.obs_keys names {key!r}, which env.id={env_id!r}'s observation does not have; its leaves: {names}"
+            )
+    return [leaf for leaf, name in zip(found, names) if any(name == k or name.startswith(k + "/") for k in wanted)]
+
+
+def env_spec(env: gym.Env, cfg: EnvConfig) -> EnvSpec:
+    actions = action_spec(env.action_space, cfg.id)
+    leaves = observation_leaves(env.observation_space, cfg.obs_keys, cfg.id)
+    return EnvSpec(leaves, actions)
 
 
 def probe_env(cfg: EnvConfig) -> EnvSpec:
     """Builds the env once, to fail early on a bad id and to learn its spaces."""
     env = make_env(cfg)
     try:
-        return env_spec(env, cfg.id)
+        return env_spec(env, cfg)
     finally:
         env.close()
 
@@ -186,7 +296,7 @@ class Environments:
 
     def __init__(self, cfg: EnvConfig, num_envs: int, seed: int, render_mode: str | None = None):
         self.envs = [make_env(cfg, render_mode) for _ in range(num_envs)]
-        self.spec = env_spec(self.envs[0], cfg.id)
+        self.spec = env_spec(self.envs[0], cfg)
         self.seeds = [seed + i for i in range(num_envs)]
         atari = atari_settings(cfg)
         self.episodic_life = atari.episodic_life and is_atari(cfg.id, cfg.imports)
@@ -197,6 +307,7 @@ class Environments:
         self.out = layout.env_outputs(self.spec, n)  # the rollout layout's env keys, one row per env
         self._to_env = to_env(self.spec.actions)  # a rollout's action -> env.step's (Box: clipped to bounds)
         self._check_finite = self.spec.actions.kind == BOX  # sampled categories are always in range
+        self._frame = self.out[FRAME] if self.spec.single else None
         self._return = np.zeros(n, np.float32)
         self._steps = np.zeros(n, np.int32)
         self._lives = np.zeros(n, np.int64)
@@ -207,7 +318,7 @@ class Environments:
     def initial(self) -> dict:
         for i, env in enumerate(self.envs):
             obs, _ = env.reset(seed=self.seeds[i])
-            self.out["frame"][i] = obs
+            self._write_obs(i, obs)
             self._lives[i] = self._read_lives(env)
         self.out["done"][:] = True  # the first step starts an episode, like any reset
         return self.out
@@ -244,7 +355,7 @@ class Environments:
                 self._lives[i] = self._read_lives(env)
                 self._return[i] = 0.0
                 self._steps[i] = 0
-            out["frame"][i] = obs
+            self._write_obs(i, obs)
         return out
 
     def restart(self, i: int) -> None:
@@ -253,9 +364,16 @@ class Environments:
         self._lives[i] = self._read_lives(self.envs[i])
         self._return[i] = 0.0
         self._steps[i] = 0
-        self.out["frame"][i] = obs
+        self._write_obs(i, obs)
         self.out["done"][i] = True
         self.out["episode_end"][i] = False
+
+    def _write_obs(self, i: int, obs) -> None:
+        if self._frame is not None:  # one array: no loop over leaves
+            self._frame[i] = obs
+            return
+        for leaf in self.spec.leaves:
+            self.out[leaf.key][i] = leaf.of(obs)
 
     @staticmethod
     def _read_lives(env: gym.Env) -> int:

@@ -153,9 +153,11 @@ def link_trained_run(out_dir: Path, trained_dir: Path) -> None:
 
 def headless_rendering() -> None:
     """Lets pygame (gymnasium's classic-control renderers) draw frames without a display or a
-    session: SDL's dummy video driver, and a private XDG_RUNTIME_DIR where none is set (else SDL
-    prints an error line though nothing is wrong)."""
+    session: SDL's dummy video driver, its dummy audio driver (pygame-ce, which minigrid brings,
+    opens audio and ALSA prints errors without a sound card), and a private XDG_RUNTIME_DIR where
+    none is set (else SDL prints an error line though nothing is wrong)."""
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     if not os.environ.get("XDG_RUNTIME_DIR"):
         os.environ["XDG_RUNTIME_DIR"] = tempfile.mkdtemp(prefix="torchbeast-xdg-")  # mode 0700, as SDL wants
 

@@ -4,11 +4,13 @@ Env outputs (envs.Environments), mono's shared buffers, the wire format's Step (
 the learner's batches all derive from `LAYOUT`. A rollout is [T+1, ...] per key; see learner.py
 for what the rows mean.
 
-Shapes and dtypes may name the env's spaces: OBS (the observation's shape or dtype), ACTION (an
-action's per-step shape or dtype: () int64 for Discrete, (D,) for the other kinds, see actions.py)
-and PARAMS (the size of the policy's distribution parameters, see distributions.py). Adding a key
-here adds it everywhere; who writes it says where its values come from: the env (sent by poly
-clients), the acting policy, or the backend (the mask).
+Shapes and dtypes may name the env's spaces: OBS (the observation), ACTION (an action's per-step
+shape or dtype: () int64 for Discrete, (D,) for the other kinds, see actions.py) and PARAMS (the
+size of the policy's distribution parameters, see distributions.py). The `frame` entry stands for
+the observation: an env whose observation is one array keeps the key `frame`; a Dict/Tuple
+observation has one key per leaf in its place (obs/glyphs, obs/blstats, ...: envs.EnvSpec.leaves),
+each with its own shape and dtype. Adding a key here adds it everywhere; who writes it says where
+its values come from: the env (sent by poly clients), the acting policy, or the backend (the mask).
 
 What V-trace needs from the behaviour policy is the action it took and its distribution's
 parameters (`policy_logits`: logits for the categorical kinds, mean and log std for Box), from
@@ -58,18 +60,24 @@ AGENT_KEYS = tuple(key for key, f in LAYOUT.items() if f.writer == AGENT)
 
 def numpy_specs(spec, writer: str | None = None) -> dict:
     """key -> (per-step shape, numpy dtype) for an env's spec (envs.EnvSpec); one writer's keys, or all."""
-    shapes = {OBS: tuple(spec.obs_shape), ACTION: spec.actions.step_shape}
-    dtypes = {OBS: np.dtype(spec.obs_dtype), ACTION: np.dtype(spec.actions.dtype)}
     out = {}
     for key, f in LAYOUT.items():
         if writer is not None and f.writer != writer:
             continue
-        if isinstance(f.shape, str):
-            shape = shapes[f.shape]
+        if f.shape == OBS:  # the observation's leaves, in its place
+            out.update({leaf.key: (leaf.shape, leaf.dtype) for leaf in spec.leaves})
+            continue
+        if f.shape == ACTION:
+            shape = spec.actions.step_shape
         else:
             shape = tuple(spec.actions.num_params if d == PARAMS else d for d in f.shape)
-        out[key] = (shape, dtypes[f.dtype] if f.dtype in dtypes else np.dtype(f.dtype))
+        out[key] = (shape, np.dtype(spec.actions.dtype) if f.dtype == ACTION else np.dtype(f.dtype))
     return out
+
+
+def env_keys(spec) -> tuple:
+    """The env keys of this env's rollouts: ENV_KEYS with the observation's leaves for `frame`."""
+    return tuple(numpy_specs(spec, ENV))
 
 
 def env_outputs(spec, num_envs: int) -> dict:

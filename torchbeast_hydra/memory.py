@@ -11,6 +11,7 @@ and configs that cannot fit fail at once, with one line saying what to lower.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,7 +55,7 @@ class Estimate:
 
 
 def step_bytes(spec: EnvSpec) -> int:
-    """One time step of one env in the rollout layout (frame, reward, logits, ...)."""
+    """One time step of one env in the rollout layout (every observation leaf, reward, logits, ...)."""
     total = 0
     for shape, dtype in rollout_specs(spec).values():
         numel = 1
@@ -82,10 +83,8 @@ def activation_bytes(model: torch.nn.Module, spec: EnvSpec) -> int:
     finally:
         for hook in hooks:
             hook.remove()
-    numel = 1
-    for size in spec.obs_shape:
-        numel *= size
-    return total + 4 * numel  # the frame as float32
+    numel = sum(math.prod(leaf.shape) for leaf in spec.leaves)
+    return total + 4 * numel  # the observation as float32, every leaf
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

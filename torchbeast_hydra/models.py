@@ -1,11 +1,12 @@
 """Policies: a body that turns observations into features, then a shared actor-critic core.
 
-Every model takes time-major inputs [T, B, ...] (frame, reward, done, last_action) and returns
-policy_logits [T, B, P] (the action distribution's parameters, distributions.py: logits for a
-Discrete space), baseline [T, B] and (unless asked not to) action [T, B, ...]. The core appends
-the encoded last action (one-hot per categorical dimension, the raw vector for Box) and the
-clipped reward to the features and, with use_lstm, runs an LSTM whose state is zeroed at episode
-boundaries (done). To try a new architecture, write a
+Every model takes time-major inputs [T, B, ...] (the observation's keys: `frame`, or a Dict/Tuple
+observation's leaves `obs/...`; reward, done, last_action) and returns policy_logits [T, B, P] (the
+action distribution's parameters, distributions.py: logits for a Discrete space), baseline [T, B]
+and (unless asked not to) action [T, B, ...]. The core appends the encoded last action (one-hot per
+categorical dimension, the raw vector for Box) and the clipped reward to the features and, with
+use_lstm, runs an LSTM whose state is zeroed at episode boundaries (done). To try a new
+architecture, write a
 `Body` and a YAML file naming it (`_target_`): see the README's Extending section.
 """
 
@@ -29,11 +30,16 @@ from .envs import EnvSpec
 class Body(nn.Module):
     """The contract of a model body: observations in, features out.
 
-    - `__init__(obs_shape, **fields)`: obs_shape is the env's observation shape (a tuple); the
-      other keyword arguments are the fields of the model's YAML file (model.* in the config).
+    - `__init__(obs_shape, **fields)`: obs_shape describes the env's observation (envs.EnvSpec
+      .obs_shape); the other keyword arguments are the fields of the model's YAML file (model.*).
     - `output_size`: the size of the features, set in __init__.
-    - `forward(frames)`: frames [N, *obs_shape] in the env's dtype (uint8 for Atari, so scale
-      them yourself) -> features [N, output_size], float.
+    - `forward(obs)` -> features [N, output_size], float. obs has the observation's form:
+      - an observation that is one array (Box, e.g. Atari frames, CartPole's vector): obs_shape is
+        its shape (a tuple) and obs the tensor [N, *obs_shape] (`frame`);
+      - a Dict/Tuple observation: obs_shape is a dict, leaf key (obs/glyphs, obs/inner/0) -> that
+        leaf's gymnasium space (its .shape, .dtype, bounds or n), and obs the dict of tensors
+        [N, *space.shape], one per leaf (env.obs_keys selects which).
+      Tensors come in the env's dtype (uint8 for Atari, so scale them yourself).
 
     The core (ActorCritic) adds the policy and baseline heads and the optional LSTM; a body
     never sees time, rewards, actions or recurrent state.
@@ -42,8 +48,18 @@ class Body(nn.Module):
     output_size: int
 
 
+def _array_shape(obs_shape, model: str) -> tuple:
+    """The shape of an observation that is one array; Dict/Tuple observations need another body."""
+    if isinstance(obs_shape, dict):
+        raise ValueError(
+            f"{model} takes observations that are one array, but this env's has leaves {list(obs_shape)}: "
+            "use model=multi (one encoder per leaf), model=nethack (NetHack, MiniHack) or a body of yours."
+        )
+    return tuple(obs_shape)
+
+
 def _image_shape(obs_shape: tuple, model: str) -> tuple:
-    if len(obs_shape) != 3:
+    if len(_array_shape(obs_shape, model)) != 3:
         raise ValueError(
             f"{model} needs image observations [channels, height, width], but the env's observations "
             f"have shape {tuple(obs_shape)}. Use model=mlp for vector observations."
@@ -175,7 +191,7 @@ class MLPBody(Body):
         super().__init__()
         if not hidden_sizes:
             raise ValueError("model.hidden_sizes needs at least one layer.")
-        layers, size = [], math.prod(obs_shape)
+        layers, size = [], math.prod(_array_shape(obs_shape, "model=mlp"))
         self.normalize = RunningNorm(size) if normalize_obs else None
         for hidden in hidden_sizes:
             layers += [nn.Linear(size, hidden), nn.ReLU()]
@@ -193,10 +209,18 @@ class MLPBody(Body):
 class ActorCritic(nn.Module):
     """Body -> [features, encoded last action, clipped reward] -> optional LSTM -> heads."""
 
-    def __init__(self, body: nn.Module, actions: ActionSpec | int, use_lstm: bool, lstm_layers: int = 1):
+    def __init__(
+        self,
+        body: nn.Module,
+        actions: ActionSpec | int,
+        use_lstm: bool,
+        lstm_layers: int = 1,
+        obs_keys: tuple = ("frame",),
+    ):
         """actions: the env's action space (an int: that many Discrete actions)."""
         super().__init__()
         self.body = body
+        self.obs_keys = tuple(obs_keys)  # ("frame",): the body takes the tensor, else a dict of leaves
         self.actions = ActionSpec.discrete(actions) if isinstance(actions, int) else actions
         self.dist = distribution(self.actions)
         core_size = body.output_size + self.dist.encoded_size + 1
@@ -221,9 +245,11 @@ class ActorCritic(nn.Module):
 
     def forward(self, inputs: dict, core_state: tuple = (), action: str = "sample"):
         """action: "sample" from the policy, "greedy" (argmax), or "none" (the learner's pass)."""
-        frame = inputs["frame"]
-        T, B = frame.shape[:2]
-        features = self.body(frame.flatten(0, 1))
+        T, B = inputs["done"].shape[:2]
+        if self.obs_keys == ("frame",):
+            features = self.body(inputs["frame"].flatten(0, 1))
+        else:
+            features = self.body({key: inputs[key].flatten(0, 1) for key in self.obs_keys})
         last_action = self.dist.encode(inputs["last_action"].flatten(0, 1))
         reward = inputs["reward"].flatten(0, 1).clamp(-1, 1).unsqueeze(-1)
         core_input = torch.cat([features, reward, last_action], dim=-1)
@@ -288,16 +314,15 @@ def make_model(cfg, spec: EnvSpec) -> ActorCritic:
         raise ConfigError("model._target_ must name the model's body class, e.g. my_pkg.models.MyBody.")
     body_fields = {key: value for key, value in fields.items() if key not in CORE_FIELDS}
     try:
-        body = hydra.utils.instantiate(
-            {"_target_": target, **body_fields}, obs_shape=tuple(spec.obs_shape), _convert_="all"
-        )
+        body = hydra.utils.instantiate({"_target_": target, **body_fields}, obs_shape=spec.obs_shape, _convert_="all")
     except Exception as error:
         cause = error.__cause__ or error  # instantiate wraps the body's own error
         raise ConfigError(
-            f"model {target} cannot be built for observations {tuple(spec.obs_shape)} with {body_fields}: {cause}"
+            f"model {target} cannot be built for observations {spec.obs_shape} with {body_fields}: {cause}"
         ) from cause
     _check_body(body, target, spec)
-    return ActorCritic(body, spec.actions, fields.get("use_lstm", False), fields.get("lstm_layers", 1))
+    lstm = fields.get("use_lstm", False), fields.get("lstm_layers", 1)
+    return ActorCritic(body, spec.actions, *lstm, obs_keys=spec.obs_keys)
 
 
 def _check_body(body, target: str, spec: EnvSpec) -> None:
@@ -305,9 +330,9 @@ def _check_body(body, target: str, spec: EnvSpec) -> None:
     size = getattr(body, "output_size", None)
     if not isinstance(body, nn.Module) or not isinstance(size, int) or size < 1:
         raise ConfigError(f"model {target} must be a torch.nn.Module with an int output_size (models.Body).")
-    frames = torch.from_numpy(np.zeros((2, *spec.obs_shape), spec.obs_dtype))
+    obs = {leaf.key: torch.from_numpy(np.stack([leaf.space.sample() for _ in range(2)])) for leaf in spec.leaves}
     with torch.no_grad():
-        features = body(frames)
+        features = body(obs["frame"] if spec.single else obs)
     if tuple(features.shape) != (2, size) or not features.is_floating_point():
         raise ConfigError(
             f"model {target} returned features {tuple(features.shape)} {features.dtype} for "

@@ -28,7 +28,7 @@ from .actions import ActionError
 from .config import num_buffers
 from .distributions import NonFiniteAction
 from .envs import Environments, EnvSpec
-from .layout import AGENT_KEYS, ENV_KEYS, rollout_specs
+from .layout import AGENT_KEYS, env_keys, rollout_specs
 from .models import make_model
 from .seeding import actor_seed
 from .supervision import ActorProcesses
@@ -158,9 +158,10 @@ def _act(envs, unroll_length, model, buffers, state_buffers, conn) -> None:
     with torch.no_grad():
         agent_output, _ = model(env_output, core_state)
     agent_output = {key: torch.zeros_like(value) for key, value in agent_output.items()}
+    keys = env_keys(envs.spec)  # ENV_KEYS, with the observation's leaves in frame's place
 
     def write_row(t: int, idx: torch.Tensor) -> None:
-        for key in ENV_KEYS:
+        for key in keys:
             buffers[key][t, idx] = env_output[key][0]
         for key in AGENT_KEYS:
             buffers[key][t, idx] = agent_output[key][0]

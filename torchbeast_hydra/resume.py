@@ -22,9 +22,16 @@ log = logging.getLogger(__name__)
 
 
 def env_signature(env_id: str, spec: EnvSpec) -> dict:
-    """What a checkpoint's env must match to resume: its id and spaces."""
-    signature = dict(id=env_id, obs_shape=list(spec.obs_shape), obs_dtype=str(spec.obs_dtype))
-    if spec.actions.kind == DISCRETE:  # as checkpoints before other action spaces recorded it
+    """What a checkpoint's env must match to resume: its id and spaces. An observation that is one
+    array is recorded as before leaves existed (obs_shape, obs_dtype); a Dict/Tuple one leaf by leaf;
+    Discrete actions as before other action spaces existed (num_actions)."""
+    if spec.single:
+        leaf = spec.leaves[0]
+        signature = dict(id=env_id, obs_shape=list(leaf.shape), obs_dtype=str(leaf.dtype))
+    else:
+        obs = {leaf.key: dict(shape=list(leaf.shape), dtype=str(leaf.dtype)) for leaf in spec.leaves}
+        signature = dict(id=env_id, obs=obs)
+    if spec.actions.kind == DISCRETE:
         signature["num_actions"] = spec.actions.nvec[0]
     else:
         signature["actions"] = spec.actions.signature()
@@ -38,7 +45,7 @@ def check_resumable(path: Path, state: dict, cfg, spec: EnvSpec, model_state: di
     saved_env = state.get("env", dict(id=saved.get("env", {}).get("id")))  # older checkpoints: the id
     current_env = env_signature(cfg.env.id, spec)
     if any(saved_env[key] != current_env.get(key) for key in saved_env):
-        raise _mismatch(path, "env", saved_env, current_env, "the env's id or spaces differ")
+        raise _mismatch(path, "env", saved_env, current_env, _env_difference(saved_env, current_env))
     saved_optim = saved.get("optim", {}).get("name")
     if saved_optim is not None and saved_optim != current["optim"]["name"]:
         raise _mismatch(
@@ -57,6 +64,18 @@ def check_resumable(path: Path, state: dict, cfg, spec: EnvSpec, model_state: di
         before, now = (list(shapes.get(key, ["absent"])) for shapes in (saved_shapes, current_shapes))
         detail = f"{key}: {before} saved, {now} now"
         raise _mismatch(path, "model", saved.get("model"), current["model"], f"parameter shapes differ ({detail})")
+
+
+def _env_difference(saved: dict, current: dict) -> str:
+    """Why the envs differ; names the first observation leaf that changed, if one did."""
+    saved_obs, current_obs = saved.get("obs"), current.get("obs")
+    if isinstance(saved_obs, dict) and isinstance(current_obs, dict) and saved_obs != current_obs:
+        key = next(k for k in [*saved_obs, *current_obs] if saved_obs.get(k) != current_obs.get(k))
+        return (
+            f"the env's observation differs at leaf {key} ({saved_obs.get(key, 'absent')} saved, "
+            f"{current_obs.get(key, 'absent')} now)"
+        )
+    return "the env's id or spaces differ"
 
 
 def _mismatch(path: Path, group: str, saved, current, why: str) -> CheckpointError:

@@ -93,7 +93,7 @@ def vector_env_applies(cfg: EnvConfig) -> bool:
         env.reset(seed=0)
         has_fire = "FIRE" in env.unwrapped.get_action_meanings()
         has_lives = env.unwrapped.ale.lives() > 0
-        spec = env_spec(env, cfg.id)
+        spec = env_spec(env, cfg)
     finally:
         env.close()
     atari = atari_settings(cfg)
@@ -105,7 +105,8 @@ def vector_env_applies(cfg: EnvConfig) -> bool:
         return False
     try:
         same = bool(
-            native.single_observation_space.shape == spec.obs_shape
+            spec.single
+            and native.single_observation_space.shape == spec.obs_shape
             and spec.actions.nvec == (native.single_action_space.n,)
         )
     finally:

@@ -119,9 +119,7 @@ class PolyBeast(Backend):
             emit=self._enqueue,
             on_fatal=self.fail,
         )
-        self.max_message_bytes = wire.max_message_bytes(
-            run.spec.obs_shape, run.spec.obs_dtype, backend.max_envs_per_client, run.spec.actions.size
-        )
+        self.max_message_bytes = wire.max_message_bytes(run.spec, backend.max_envs_per_client)
         self.server = None
         self.clients = None
         self.address = None  # HOST:PORT once serving
@@ -282,7 +280,7 @@ def run_env_clients(cfg) -> int:
     backend = cfg.backend
     token = resolve_token(backend)
     spec = probe_env(cfg.env)
-    max_bytes = wire.max_message_bytes(spec.obs_shape, spec.obs_dtype, backend.max_envs_per_client, spec.actions.size)
+    max_bytes = wire.max_message_bytes(spec, backend.max_envs_per_client)
     clients = local_clients(cfg, backend.address, token, max_bytes)
     stop = threading.Event()
     log.info(

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Protocol
 
 import grpc
-import numpy as np
 
 from ..config import ADDRESS_FILE_PREFIX, EnvConfig
 from ..envs import EnvSpec
@@ -166,7 +165,7 @@ class EnvClient:
                 return
             else:
                 raise ConnectionError("the learner sent an empty message")
-            outgoing.put(wire.encode_step(self.outputs))
+            outgoing.put(wire.encode_step(self.outputs, self.spec.obs_keys))
         raise ConnectionError("the learner closed the stream")
 
     def _hello(self) -> bytes:
@@ -174,9 +173,8 @@ class EnvClient:
         hello = message.hello
         hello.env_id = self.env_cfg.id
         hello.num_envs = self.num_envs
-        hello.obs_shape[:] = self.spec.obs_shape
-        hello.obs_dtype = np.dtype(self.spec.obs_dtype).name
         hello.action_space = wire.action_space_text(self.spec.actions)
+        wire.describe_obs(self.spec, hello)
         return message.SerializeToString()
 
 

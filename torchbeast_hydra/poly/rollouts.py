@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..layout import AGENT_KEYS, ENV_KEYS
+from ..layout import AGENT_KEYS
 
 # (rollouts [T+1, k, ...] tensors, each env's core state before row 0 [k, ...])
 Emit = Callable[[dict, tuple], None]
@@ -51,6 +51,8 @@ class RolloutBuilder:
             for key, (shape, dtype) in specs.items()
             if key != "mask"
         }
+        # ENV_KEYS, with the observation's leaves (layout.env_keys) in frame's place.
+        self.env_keys = tuple(key for key in self.rows if key not in AGENT_KEYS)
         self.cursor = np.full(num_envs, -1)  # each env's last written row
         # The policy outputs that chose the envs' current actions; they go into the next row.
         self.agent = {key: np.zeros_like(self.rows[key][0]) for key in AGENT_KEYS}
@@ -66,12 +68,12 @@ class RolloutBuilder:
         t = self.cursor
         if (t == t[0]).all():  # envs in step (the common case): a basic slice, no gather
             t0 = int(t[0])
-            for key in ENV_KEYS:
+            for key in self.env_keys:
                 self.rows[key][t0] = env_outputs[key]
             for key in AGENT_KEYS:
                 self.rows[key][t0] = self.agent[key]
         else:
-            for key in ENV_KEYS:
+            for key in self.env_keys:
                 self.rows[key][t, self.envs] = env_outputs[key]
             for key in AGENT_KEYS:
                 self.rows[key][t, self.envs] = self.agent[key]

@@ -27,7 +27,7 @@ import torch
 
 from ..distributions import NonFiniteAction
 from ..envs import EnvSpec
-from ..layout import ENV, numpy_specs, rollout_specs
+from ..layout import rollout_specs
 from ..seeding import actor_seed
 from . import wire
 from .batcher import BatcherClosed, DynamicBatcher
@@ -35,7 +35,7 @@ from .rollouts import Emit, RolloutBuilder
 
 log = logging.getLogger(__name__)
 
-POLICY_INPUTS = ("frame", "reward", "done", "last_action")
+POLICY_INPUTS = ("reward", "done", "last_action")  # and the observation's keys (EnvSpec.obs_keys)
 # Decoded steps are read-only views of the received bytes; torch warns that such tensors must not
 # be written to, and nothing here writes to them.
 warnings.filterwarnings(
@@ -103,7 +103,6 @@ class ActorPool:
         """initial_state: num_envs -> tuple of [num_envs, ...] tensors; emit: takes finished rollouts;
         on_fatal: told of an error that must stop the run (the policy's non-finite actions)."""
         self.spec = spec
-        self.step_specs = numpy_specs(spec, ENV)  # what each Step must hold
         self.on_fatal = on_fatal
         self.settings = settings
         self.token = token.encode()
@@ -259,14 +258,15 @@ class ActorPool:
         if message.WhichOneof("kind") != "hello":
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "a stream must start with a hello")
         hello, spec = message.hello, self.spec
-        theirs = (tuple(hello.obs_shape), hello.obs_dtype, hello.action_space)
-        ours = (tuple(spec.obs_shape), np.dtype(spec.obs_dtype).name, wire.action_space_text(spec.actions))
+        theirs = ([(a.name, a.dtype, list(a.shape)) for a in hello.obs], hello.action_space)
+        leaves = [(leaf.key, leaf.dtype.name, list(leaf.shape)) for leaf in spec.leaves]
+        ours = (leaves, wire.action_space_text(spec.actions))
         if theirs != ours:
             raise Refused(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"the client's env {hello.env_id} (observations {theirs[1]} {list(theirs[0])}, "
-                f"actions {theirs[2] or '?'}) does not match the learner's {self.settings.env_id} "
-                f"({ours[1]} {list(ours[0])}, actions {ours[2]}): start clients with the same env config",
+                f"the client's env {hello.env_id} (observations {_describe(theirs[0])}, "
+                f"actions {theirs[1] or '?'}) does not match the learner's {self.settings.env_id} "
+                f"({_describe(ours[0])}, actions {ours[1]}): start clients with the same env config",
             )
         if not 1 <= hello.num_envs <= self.settings.max_envs_per_client:
             raise Refused(
@@ -279,9 +279,16 @@ class ActorPool:
     def _step(self, raw: bytes, num_envs: int) -> dict:
         try:
             message = wire.parse(wire.ClientMessage, raw)
-            return wire.decode_step(message, num_envs, self.step_specs, self.spec.actions)
+            return wire.decode_step(message, num_envs, self.spec)
         except wire.WireError as error:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed step: {error}") from None
+
+
+def _describe(leaves: list) -> str:
+    """Observation leaves as a log reads them: `uint8 [4, 84, 84]` for a frame, else `name: dtype [shape]` each."""
+    if [name for name, _, _ in leaves] == [wire.FRAME]:
+        return f"{leaves[0][1]} {leaves[0][2]}"
+    return "{" + ", ".join(f"{name}: {dtype} {shape}" for name, dtype, shape in leaves) + "}" if leaves else "none"
 
 
 class Stream:
@@ -329,6 +336,7 @@ class Session:
         self.inference = pool.inference
         self.inference_s = 0.0  # the last step's wait for central inference
         self.core_state = pool.initial_state(num_envs)
+        self.policy_inputs = (*pool.spec.obs_keys, *POLICY_INPUTS)
         self.builder = RolloutBuilder(
             rollout_specs(pool.spec),
             num_envs,
@@ -341,7 +349,7 @@ class Session:
 
     def step(self, env_outputs: dict) -> np.ndarray:
         self.builder.add(env_outputs, self.core_state)
-        inputs = {key: torch.from_numpy(env_outputs[key]) for key in POLICY_INPUTS}
+        inputs = {key: torch.from_numpy(env_outputs[key]) for key in self.policy_inputs}
         inputs.update({f"core_state_{i}": s for i, s in enumerate(self.core_state)})
         started = time.perf_counter()
         try:

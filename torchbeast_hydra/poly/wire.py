@@ -8,6 +8,7 @@ it expects and raises WireError with the reason.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -16,7 +17,9 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from ..actions import ActionError, ActionSpec, check
-from ..layout import ENV_KEYS
+from ..layout import ENV, ENV_KEYS, numpy_specs
+
+FRAME = "frame"  # envs.FRAME (not imported: this module must not pull in gymnasium's env registry)
 
 PACKAGE = "torchbeast_hydra.poly"
 SERVICE = f"{PACKAGE}.ActorPool"
@@ -24,7 +27,10 @@ CONNECT = f"/{SERVICE}/Connect"
 TOKEN_METADATA_KEY = "x-torchbeast-token"
 
 # The env outputs a client sends each step, in Step's field order: the rollout layout's env keys.
+# `frame` carries an observation that is one array; a Dict/Tuple observation's leaves travel in
+# Step.obs instead, one named Array each.
 STEP_KEYS = ENV_KEYS
+OTHER_STEP_KEYS = tuple(key for key in STEP_KEYS if key != FRAME)  # reward, done, ..., last_action
 
 
 class WireError(ValueError):
@@ -35,12 +41,16 @@ _F = descriptor_pb2.FieldDescriptorProto
 _SCALARS = dict(bytes=_F.TYPE_BYTES, string=_F.TYPE_STRING, int32=_F.TYPE_INT32, int64=_F.TYPE_INT64)
 
 
-def _message(name: str, fields: list, oneof: str | None = None) -> descriptor_pb2.DescriptorProto:
-    """fields: (name, type) pairs numbered from 1; "repeated T" for lists, message names otherwise."""
+def _message(name: str, fields: list, oneof: str | None = None, skip=()) -> descriptor_pb2.DescriptorProto:
+    """fields: (name, type) pairs numbered from 1, past the reserved numbers in skip (fields that
+    are gone); "repeated T" for lists, message names otherwise."""
     message = descriptor_pb2.DescriptorProto(name=name)
     if oneof:
         message.oneof_decl.add(name=oneof)
-    for number, (field_name, kind) in enumerate(fields, start=1):
+    for number in skip:
+        message.reserved_range.add(start=number, end=number + 1)
+    numbers = (n for n in itertools.count(1) if n not in skip)
+    for number, (field_name, kind) in zip(numbers, fields):
         repeated = kind.startswith("repeated ")
         kind = kind.removeprefix("repeated ")
         field = message.field.add(
@@ -62,18 +72,15 @@ def file_descriptor() -> descriptor_pb2.FileDescriptorProto:
     )
     proto.message_type.extend(
         [
-            _message("Array", [("data", "bytes"), ("dtype", "string"), ("shape", "repeated int64")]),
+            _message(
+                "Array", [("data", "bytes"), ("dtype", "string"), ("shape", "repeated int64"), ("name", "string")]
+            ),
             _message(
                 "Hello",
-                [
-                    ("env_id", "string"),
-                    ("num_envs", "int32"),
-                    ("obs_shape", "repeated int64"),
-                    ("obs_dtype", "string"),
-                    ("action_space", "string"),
-                ],
+                [("env_id", "string"), ("num_envs", "int32"), ("action_space", "string"), ("obs", "repeated Array")],
+                skip=(3, 4),  # obs_shape and obs_dtype, before observations had leaves
             ),
-            _message("Step", [(key, "Array") for key in STEP_KEYS]),
+            _message("Step", [*((key, "Array") for key in STEP_KEYS), ("obs", "repeated Array")]),
             _message("ClientMessage", [("hello", "Hello"), ("step", "Step")], oneof="kind"),
             _message("Welcome", [("client_id", "int64"), ("seed", "int64")]),
             _message("Finished", [("reason", "string")]),
@@ -110,16 +117,11 @@ Finished = _class("Finished")
 ServerMessage = _class("ServerMessage")
 
 
-def max_message_bytes(obs_shape: tuple, obs_dtype, max_envs: int, action_size: int = 1) -> int:
-    """The largest Step a client may send: max_envs envs' frames, last actions (action_size
-    numbers each) and scalars, with headroom."""
-    per_env = math.prod(obs_shape) * np.dtype(obs_dtype).itemsize + 8 * action_size + 64
-    return max_envs * per_env + 64 * 1024
-
-
-def action_space_text(spec: ActionSpec) -> str:
-    """The action space as a Hello carries it (JSON): the server compares it with its own."""
-    return json.dumps(spec.signature(), sort_keys=True)
+def max_message_bytes(spec, max_envs: int) -> int:
+    """The largest Step a client may send: max_envs envs' observations (every leaf), last actions
+    and scalars, with headroom. spec: envs.EnvSpec."""
+    per_env = spec.obs_bytes + 8 * spec.actions.size + 64
+    return max_envs * per_env + 64 * 1024 + 256 * len(spec.leaves)
 
 
 def channel_options(max_message_bytes: int) -> list:
@@ -164,39 +166,94 @@ def parse(message_class, raw: bytes):
     return message
 
 
-def encode_step(outputs: dict) -> bytes:
+def action_space_text(spec: ActionSpec) -> str:
+    """The action space as a Hello carries it (JSON): the server compares it with its own."""
+    return json.dumps(spec.signature(), sort_keys=True)
+
+
+def describe_obs(spec, hello) -> None:
+    """Fills Hello.obs: each leaf's name, dtype and shape (no data), for the server to check."""
+    for leaf in spec.leaves:
+        hello.obs.add(name=leaf.key, dtype=leaf.dtype.name, shape=leaf.shape)
+
+
+def encode_step(outputs: dict, obs_keys: tuple = (FRAME,)) -> bytes:
+    """outputs: the env keys' arrays [num_envs, ...]; obs_keys: the observation's (EnvSpec.obs_keys)."""
     # A fresh message each step: reassigning a reused message's bytes fields grows its arena (slower).
     message = ClientMessage()
-    for key in STEP_KEYS:
-        encode_array(outputs[key], getattr(message.step, key))
+    step = message.step
+    for key in OTHER_STEP_KEYS:
+        encode_array(outputs[key], getattr(step, key))
+    if obs_keys == (FRAME,):
+        encode_array(outputs[FRAME], step.frame)
+    else:
+        for key in obs_keys:
+            encode_array(outputs[key], step.obs.add()).name = key
     return message.SerializeToString()
 
 
-def decode_step(message, num_envs: int, step_specs: dict, actions: ActionSpec) -> dict:
-    """A ClientMessage's Step as arrays [num_envs, ...]; checks types, shapes and value ranges.
-
-    step_specs: key -> (per-step shape, numpy dtype) of the env keys (layout.numpy_specs(spec, ENV))."""
+def decode_step(message, num_envs: int, spec) -> dict:
+    """A ClientMessage's Step as arrays [num_envs, ...], views of its bytes; checks every array
+    against spec (envs.EnvSpec): names, dtypes, shapes and value ranges."""
     if message.WhichOneof("kind") != "step":
         raise WireError(f"expected a step, got {message.WhichOneof('kind') or 'an empty message'}")
     step = message.step
-    arrays = {
-        key: decode_array(getattr(step, key), key, dtype.name, (num_envs, *shape))
-        for key, (shape, dtype) in step_specs.items()
-    }
+    arrays = _decode_obs(step, num_envs, spec)
+    specs = numpy_specs(spec, ENV)
+    for key in OTHER_STEP_KEYS:
+        shape, dtype = specs[key]
+        arrays[key] = decode_array(getattr(step, key), key, dtype.name, (num_envs, *shape))
     try:
-        check(actions, arrays["last_action"], "last_action")
+        check(spec.actions, arrays["last_action"], "last_action")
     except ActionError as error:
         raise WireError(str(error)) from None
     if not (np.isfinite(arrays["reward"]).all() and np.isfinite(arrays["episode_return"]).all()):
         raise WireError("reward and episode_return must be finite")
-    frame = arrays["frame"]
-    if frame.dtype.kind in "fc" and not np.isfinite(frame).all():
-        raise WireError(f"frame has non-finite values (NaN/inf) for envs {_bad_rows(frame).tolist()}")
     return arrays
 
 
-def _bad_rows(frame: np.ndarray) -> np.ndarray:
-    return np.flatnonzero(~np.isfinite(frame.reshape(len(frame), -1)).all(axis=1))
+def _decode_obs(step, num_envs: int, spec) -> dict:
+    """The observation's leaves: Step.frame for one array (no loop), else Step.obs, one named Array each."""
+    if spec.single:
+        if step.obs:
+            raise WireError(f"extra observation leaves {[a.name for a in step.obs]}: this env's observation is a frame")
+        leaf = spec.leaves[0]
+        return {FRAME: check_leaf(leaf, decode_array(step.frame, FRAME, leaf.dtype.name, (num_envs, *leaf.shape)))}
+    if step.HasField(FRAME):
+        raise WireError("extra observation leaf frame: this env's observation has leaves, sent in Step.obs")
+    sent = {array.name: array for array in step.obs}
+    missing, extra = [k for k in spec.obs_keys if k not in sent], [k for k in sent if k not in spec.obs_keys]
+    if missing or extra or len(sent) != len(step.obs):
+        raise WireError(
+            f"observation leaves: missing {missing}, extra {extra}, sent {[a.name for a in step.obs]} "
+            f"(this env's: {list(spec.obs_keys)})"
+        )
+    return {
+        leaf.key: check_leaf(leaf, decode_array(sent[leaf.key], leaf.key, leaf.dtype.name, (num_envs, *leaf.shape)))
+        for leaf in spec.leaves
+    }
+
+
+def check_leaf(leaf, array: np.ndarray) -> np.ndarray:
+    """array [num_envs, ...] if its values fit the leaf's space (envs.Leaf); WireError naming the leaf if not."""
+    space, kind = leaf.space, type(leaf.space).__name__
+    if kind == "Box":
+        if array.dtype.kind in "fc" and not np.isfinite(array).all():
+            raise WireError(f"{leaf.key} has non-finite values (NaN/inf) for envs {_bad_rows(np.isfinite(array))}")
+    elif kind in ("Discrete", "MultiDiscrete"):
+        low = np.asarray(space.start)
+        high = low + (space.n if kind == "Discrete" else space.nvec)
+        inside = (array >= low) & (array < high)
+        if not inside.all():
+            raise WireError(f"{leaf.key} is outside {space} for envs {_bad_rows(inside)}")
+    elif kind == "MultiBinary" and not ((array == 0) | (array == 1)).all():
+        raise WireError(f"{leaf.key} has values other than 0 and 1 for envs {_bad_rows((array == 0) | (array == 1))}")
+    return array
+
+
+def _bad_rows(good: np.ndarray) -> list:
+    """The envs (rows) where some entry of the boolean array is False."""
+    return np.flatnonzero(~good.reshape(len(good), -1).all(axis=1)).tolist()
 
 
 def decode_actions(message, num_envs: int, spec: ActionSpec) -> np.ndarray:

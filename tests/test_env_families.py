@@ -1,0 +1,54 @@
+"""NetHack, MiniHack and MiniGrid as env options: each brings a model that fits, and trains
+briefly on both backends with its defaults (the extras `.[nethack]`, `.[minihack]`, `.[minigrid]`)."""
+
+import pytest
+
+from torchbeast_hydra.config import ConfigError
+from torchbeast_hydra.envs import import_modules, probe_env
+
+from conftest import compose_config, rows, run_cli
+
+FAMILIES = {  # env option -> (the model it brings, its default id, the observation's leaves)
+    "nethack": ("NetHackBody", "NetHackScore-v0", ("obs/blstats", "obs/glyphs")),
+    "minihack": ("NetHackBody", "MiniHack-Room-15x15-v0", ("obs/blstats", "obs/glyphs")),
+    "minigrid": ("MultiBody", "MiniGrid-DoorKey-6x6-v0", ("obs/direction", "obs/image")),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_brings_its_model_and_observation_leaves(family):
+    body, env_id, keys = FAMILIES[family]
+    cfg = compose_config([f"env={family}"])
+    assert cfg.env.id == env_id and cfg.model._target_.endswith(body)
+    assert probe_env(cfg.env).obs_keys == keys
+    assert compose_config([f"env={family}", "model=multi"]).model._target_.endswith("MultiBody")  # yours wins
+
+
+def test_a_missing_family_package_names_the_pip_command(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "minigrid", None)  # as if not installed
+    with pytest.raises(ConfigError, match=r'pip install "torchbeast_hydra\[minigrid\]"'):
+        import_modules(["minigrid"])
+
+
+BRIEF = [
+    "total_steps=1280",
+    "batch_size=4",
+    "unroll_length=16",
+    "backend.num_actors=2",
+    "backend.envs_per_actor=2",
+    "logger.log_interval_s=1",
+    "logger.wandb.mode=disabled",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["mono", "poly"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_trains_briefly_on_both_backends(tmp_path, family, backend):
+    run_dir = tmp_path / f"{family}-{backend}"
+    # A small NetHack net keeps the run a few seconds; the defaults are the baseline's full size.
+    model = ["model.output_size=64", "model.conv_channels=[4,4]"] if FAMILIES[family][0] == "NetHackBody" else []
+    run_cli(run_dir, f"env={family}", f"backend={backend}", *model, *BRIEF)
+    assert int(rows(run_dir)[-1]["step"]) >= 1280

@@ -1,0 +1,171 @@
+"""Any observation space: a Dict/Tuple observation's leaves travel as named arrays, each with its
+own dtype and shape, from the env to the learner on both backends; a Box stays one `frame`.
+
+tests/structured_envs.py is a user env nesting every array space (and a Text leaf to leave out).
+"""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from torchbeast_hydra import checkpoint, layout, memory
+from torchbeast_hydra.config import ConfigError, EnvConfig, MultiConfig, NetHackConfig
+from torchbeast_hydra.encoders import NetHackBody
+from torchbeast_hydra.envs import Environments, EnvSpec, observation_leaves, probe_env
+from torchbeast_hydra.models import make_model
+from torchbeast_hydra.poly import wire
+
+from conftest import compose_config, rows, run_cli
+from structured_envs import KEPT, SPACE
+
+STRUCTURED = EnvConfig(id="Structured-v0", imports=["structured_envs"], obs_keys=KEPT)
+KEYS = ["obs/image", "obs/inner/0", "obs/inner/1", "obs/inner/2", "obs/position"]  # gymnasium sorts Dict keys
+
+
+def test_leaves_are_named_by_their_path_each_with_its_own_dtype_and_shape():
+    spec = probe_env(STRUCTURED)
+    assert list(spec.obs_keys) == KEYS and not spec.single
+    assert [(leaf.shape, leaf.dtype.name) for leaf in spec.leaves] == [
+        ((5, 5, 3), "uint8"),
+        ((3,), "int8"),
+        ((2,), "int64"),
+        ((2,), "float32"),
+        ((), "int64"),
+    ]
+    specs = layout.rollout_specs(spec)
+    assert "frame" not in specs and specs["obs/inner/0"] == ((3,), torch.int8)
+    assert list(specs)[: len(KEYS)] == KEYS  # in the layout's place for the observation, in the space's order
+
+
+def test_a_box_observation_stays_one_frame():
+    spec = probe_env(EnvConfig(id="CartPole-v1"))
+    assert spec.single and spec.obs_keys == ("frame",) and spec.obs_shape == (4,)
+
+
+def test_a_leaf_that_is_not_an_array_is_refused_naming_it_and_env_obs_keys():
+    with pytest.raises(
+        ConfigError, match=r"leaf 'note' is a Text.*env\.obs_keys=\[image,inner/0,inner/1,inner/2,position\]"
+    ):
+        observation_leaves(SPACE, None, "Structured-v0")
+
+
+def test_obs_keys_select_leaves_by_path_or_subtree_and_unknown_ones_are_refused():
+    assert [leaf.key for leaf in observation_leaves(SPACE, ["inner"])] == KEYS[1:4]
+    assert [leaf.key for leaf in observation_leaves(SPACE, ["obs/position", "inner/2"])] == KEYS[3:]
+    with pytest.raises(ConfigError, match=r"names 'glyphs'.*its leaves: \['image'"):
+        observation_leaves(SPACE, ["glyphs"])
+
+
+def test_environments_write_every_leaf_of_each_env():
+    envs = Environments(STRUCTURED, 2, seed=0)
+    try:
+        envs.initial()
+        out = envs.step(np.array([1, 0]))
+        assert out["obs/position"].tolist() == [2, 1]
+        assert (out["obs/image"][0] == 80).all() and (out["obs/image"][1] == 40).all()
+        assert out["obs/inner/0"].tolist() == [[0, 1, 0], [1, 1, 0]]
+        assert out["obs/inner/1"].tolist() == [[0, 2], [1, 1]]
+        np.testing.assert_allclose(out["obs/inner/2"][0], [2 / 6, -2 / 6])
+        # On the wire: one named array per leaf, decoded to the same arrays.
+        raw = wire.encode_step(out, envs.spec.obs_keys)
+        decoded = wire.decode_step(wire.parse(wire.ClientMessage, raw), 2, envs.spec)
+        assert not wire.parse(wire.ClientMessage, raw).step.HasField("frame")
+        for key in KEYS:
+            assert decoded[key].dtype == out[key].dtype and (decoded[key] == out[key]).all(), key
+    finally:
+        envs.close()
+
+
+def test_multi_body_encodes_each_leaf_and_acts():
+    spec = probe_env(STRUCTURED)
+    model = make_model(MultiConfig(), spec)
+    encoders = {key: type(e).__name__ for key, e in zip(model.body.keys, model.body.encoders)}
+    assert encoders == {
+        "obs/image": "ImageEncoder",
+        "obs/inner/0": "VectorEncoder",
+        "obs/inner/1": "DiscreteEncoder",
+        "obs/inner/2": "VectorEncoder",
+        "obs/position": "DiscreteEncoder",
+    }
+    inputs = {
+        key: torch.from_numpy(np.stack([[leaf.space.sample() for _ in range(2)] for _ in range(3)]))
+        for key, leaf in zip(spec.obs_keys, spec.leaves)
+    }
+    inputs.update(
+        done=torch.zeros(3, 2, dtype=torch.bool), reward=torch.zeros(3, 2), last_action=torch.zeros(3, 2).long()
+    )
+    outputs, _ = model(inputs)
+    assert outputs["policy_logits"].shape == (3, 2, 2) and outputs["action"].shape == (3, 2)
+    # A different image gives different features: the image reaches the body.
+    changed = dict(inputs, **{"obs/image": inputs["obs/image"] // 2})
+    assert not torch.equal(model(changed, action="none")[0]["baseline"], model(inputs, action="none")[0]["baseline"])
+
+
+def test_a_single_array_body_is_refused_for_structured_observations_with_a_hint():
+    with pytest.raises(ConfigError, match="takes observations that are one array.*use model=multi"):
+        make_model(compose_config(["model=atari_net"]).model, probe_env(STRUCTURED))
+
+
+NETHACK_SPACES = {
+    "obs/glyphs": gym.spaces.Box(0, 5976, (21, 79), np.int16),
+    "obs/blstats": gym.spaces.Box(-(2**31), 2**31 - 1, (27,), np.int64),
+}
+
+
+def test_nethack_body_crops_around_the_agent_from_blstats():
+    body = NetHackBody(NETHACK_SPACES, crop_size=5)
+    glyphs = torch.arange(21 * 79).view(1, 21, 79)
+    x, y = torch.tensor([10]), torch.tensor([4])  # blstats[0] is the column, blstats[1] the row
+    assert torch.equal(body.crop(glyphs, x, y)[0], glyphs[0, 2:7, 8:13])
+    corner = body.crop(glyphs, torch.tensor([0]), torch.tensor([0]))[0]  # beyond the edge: glyph 0
+    assert torch.equal(corner[2:, 2:], glyphs[0, :3, :3]) and (corner[:2] == 0).all()
+    features = body({"obs/glyphs": glyphs.to(torch.int16), "obs/blstats": torch.zeros(1, 27, dtype=torch.int64)})
+    assert features.shape == (1, 512)
+
+
+def test_nethack_model_needs_glyphs_and_blstats():
+    spec = EnvSpec(observation_leaves(gym.spaces.Dict({"glyphs": NETHACK_SPACES["obs/glyphs"]})), 8)
+    with pytest.raises(ConfigError, match="needs the leaves obs/glyphs and obs/blstats"):
+        make_model(NetHackConfig(), spec)
+
+
+def test_memory_counts_every_leaf():
+    spec = probe_env(STRUCTURED)
+    without_image = EnvSpec(tuple(leaf for leaf in spec.leaves if leaf.key != "obs/image"), spec.actions)
+    assert memory.step_bytes(spec) - memory.step_bytes(without_image) == 5 * 5 * 3
+    assert spec.obs_bytes == 75 + 8 + 3 + 16 + 8
+
+
+BRIEF = [
+    "env.id=Structured-v0",
+    "env.imports=[structured_envs]",
+    f"env.obs_keys=[{','.join(KEPT)}]",
+    "model=multi",
+    "total_steps=1280",
+    "batch_size=4",
+    "unroll_length=16",
+    "backend.num_actors=2",
+    "backend.envs_per_actor=2",
+    "logger.log_interval_s=1",
+    "logger.wandb.mode=disabled",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["mono", "poly"])
+def test_a_structured_env_trains_checkpoints_and_refuses_a_changed_space_on_resume(tmp_path, backend):
+    from conftest import cli_env
+
+    env = cli_env(PYTHONPATH=str(__import__("pathlib").Path(__file__).parent))
+    run_dir = tmp_path / backend
+    run_cli(run_dir, *BRIEF, f"backend={backend}", env=env)
+    assert int(rows(run_dir)[-1]["step"]) >= 1280
+    state = checkpoint.load(checkpoint.path_in(run_dir))
+    assert list(state["env"]["obs"]) == KEYS and state["env"]["obs"]["obs/inner/0"] == dict(shape=[3], dtype="int8")
+    # The same run dir with one leaf fewer: refused, naming the leaf.
+    result = run_cli(
+        run_dir, *BRIEF[:2], "env.obs_keys=[image,inner]", *BRIEF[3:], f"backend={backend}", env=env, check=False
+    )
+    assert result.returncode != 0
+    assert "observation differs at leaf obs/position" in result.stdout + result.stderr

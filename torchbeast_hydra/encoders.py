@@ -1,0 +1,218 @@
+"""Bodies for Dict/Tuple observations (models.Body's second form: a dict of leaves in).
+
+- `MultiBody` (model=multi): one encoder per leaf, chosen from the leaf's space, features
+  concatenated and passed through a small MLP. Images (3-D Boxes, either channel order, uint8 or
+  float; 2-D Boxes as one channel) go through a small conv net; Discrete and MultiDiscrete leaves
+  through embeddings; other Boxes and MultiBinary leaves are flattened.
+- `NetHackBody` (model=nethack): NLE's baseline agent (facebookresearch/nle, `NetHackNet`) for
+  NetHack and MiniHack: embedded glyphs, a conv net over the whole map, a conv net over a crop
+  around the agent (whose x, y are the first two bottom-line stats), an MLP over the stats.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .models import Body, orthogonal_
+
+
+def _leaf_spaces(obs_shape, model: str) -> dict:
+    if not isinstance(obs_shape, dict):
+        raise ValueError(
+            f"{model} takes Dict/Tuple observations, but this env's is one array of shape {tuple(obs_shape)}: "
+            "use model=mlp (vectors) or model=atari_net (images)."
+        )
+    return obs_shape
+
+
+def _bounds(space: gym.spaces.Box):
+    """(low, high) as tensors of the leaf's shape when every bound is finite, else None."""
+    low, high = np.asarray(space.low, np.float64), np.asarray(space.high, np.float64)
+    if not (np.isfinite(low).all() and np.isfinite(high).all()) or (high <= low).any():
+        return None
+    return torch.as_tensor(low, dtype=torch.float32), torch.as_tensor(high - low, dtype=torch.float32)
+
+
+class BoxEncoder(nn.Module):
+    """A Box leaf, scaled to [0, 1] by its bounds where they are finite (uint8 images: / 255)."""
+
+    def __init__(self, space: gym.spaces.Box):
+        super().__init__()
+        bounds = _bounds(space)
+        self.scaled = bounds is not None
+        if self.scaled:
+            self.register_buffer("low", bounds[0], persistent=False)
+            self.register_buffer("range", bounds[1], persistent=False)
+
+    def scale(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.float()
+        return (x - self.low) / self.range if self.scaled else x
+
+
+class VectorEncoder(BoxEncoder):
+    """A Box of any other shape (or MultiBinary): flattened."""
+
+    def __init__(self, space: gym.Space):
+        super().__init__(space if isinstance(space, gym.spaces.Box) else gym.spaces.Box(0, 1, space.shape))
+        self.output_size = max(1, math.prod(space.shape))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale(x).reshape(len(x), -1)
+
+
+class ImageEncoder(BoxEncoder):
+    """A 2-D or 3-D Box through two 3x3 convs (stride 2 for images larger than 16x16)."""
+
+    def __init__(self, space: gym.spaces.Box, channels=(16, 32)):
+        super().__init__(space)
+        shape = space.shape
+        # The channel axis is the smaller end: (7, 7, 3) is channels-last, (4, 84, 84) channels-first.
+        self.channels_last = len(shape) == 3 and shape[-1] < shape[0]
+        in_channels = 1 if len(shape) == 2 else (shape[-1] if self.channels_last else shape[0])
+        hw = shape[-3:-1] if self.channels_last else shape[-2:]
+        stride = 2 if min(hw) > 16 else 1
+        layers = []
+        for out in channels:
+            layers += [nn.Conv2d(in_channels, out, 3, stride=stride, padding=1), nn.ReLU()]
+            in_channels = out
+        self.convs = nn.Sequential(*layers, nn.Flatten())
+        with torch.no_grad():
+            self.output_size = self.convs(torch.zeros(1, *shape_in(shape))).shape[1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.scale(x)
+        if x.dim() == 3:
+            x = x.unsqueeze(1)
+        elif self.channels_last:
+            x = x.permute(0, 3, 1, 2)
+        return self.convs(x)
+
+
+def shape_in(shape: tuple) -> tuple:
+    """An image leaf's shape as the conv net sees it: channels first."""
+    if len(shape) == 2:
+        return (1, *shape)
+    return (shape[-1], shape[0], shape[1]) if shape[-1] < shape[0] else tuple(shape)
+
+
+class DiscreteEncoder(nn.Module):
+    """A Discrete or MultiDiscrete leaf: one embedding per entry (offsets share one table)."""
+
+    def __init__(self, space: gym.Space, embedding_dim: int):
+        super().__init__()
+        sizes = np.asarray([space.n] if isinstance(space, gym.spaces.Discrete) else space.nvec, np.int64).ravel()
+        starts = np.broadcast_to(np.asarray(space.start, np.int64), sizes.shape if sizes.size > 1 else ()).ravel()
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]) - starts
+        self.register_buffer("offsets", torch.as_tensor(offsets), persistent=False)
+        self.register_buffer("limit", torch.as_tensor(np.cumsum(sizes) - 1), persistent=False)
+        self.embedding = nn.Embedding(int(sizes.sum()), embedding_dim)
+        self.output_size = embedding_dim * len(sizes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = x.reshape(len(x), -1).long() + self.offsets
+        # Ids out of range (never from a checked env; dummy zeros) stay inside the table.
+        ids = torch.minimum(ids.clamp(min=0), self.limit)
+        return self.embedding(ids).reshape(len(x), -1)
+
+
+def leaf_encoder(space: gym.Space, embedding_dim: int, conv_channels) -> nn.Module:
+    if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+        return DiscreteEncoder(space, embedding_dim)
+    if isinstance(space, gym.spaces.Box) and len(space.shape) in (2, 3) and min(space.shape[:2]) >= 3:
+        return ImageEncoder(space, conv_channels)
+    return VectorEncoder(space)
+
+
+class MultiBody(Body):
+    """One encoder per observation leaf, by its space; features concatenated, then an MLP."""
+
+    def __init__(self, obs_shape, embedding_dim: int = 16, conv_channels=(16, 32), hidden_sizes=(256,)):
+        super().__init__()
+        spaces = _leaf_spaces(obs_shape, "model=multi")
+        self.keys = list(spaces)
+        # ModuleDict keys cannot hold "/" or "."; the leaves keep their order.
+        self.encoders = nn.ModuleList(leaf_encoder(spaces[k], embedding_dim, conv_channels) for k in self.keys)
+        size = sum(e.output_size for e in self.encoders)
+        layers = []
+        for hidden in hidden_sizes:
+            layers += [nn.Linear(size, hidden), nn.ReLU()]
+            size = hidden
+        self.mlp = nn.Sequential(*layers)
+        self.output_size = size
+        orthogonal_(self, gain=math.sqrt(2))
+
+    def forward(self, obs: dict) -> torch.Tensor:
+        features = [encoder(obs[key]) for key, encoder in zip(self.keys, self.encoders)]
+        return self.mlp(torch.cat(features, dim=-1))
+
+
+def _conv_stack(in_channels: int, channels) -> nn.Sequential:
+    layers = []
+    for out in channels:
+        layers += [nn.Conv2d(in_channels, out, kernel_size=3, padding=1), nn.ELU()]
+        in_channels = out
+    return nn.Sequential(*layers)
+
+
+class NetHackBody(Body):
+    """NLE's baseline net: glyph embedding; convs over the full map and over a crop centred on the
+    agent; an MLP over the bottom-line stats; two fully connected layers over all three."""
+
+    def __init__(
+        self,
+        obs_shape,
+        embedding_dim: int = 32,
+        crop_size: int = 9,
+        conv_channels=(16, 16, 16, 16, 8),
+        stats_hidden: int = 32,
+        output_size: int = 512,
+        glyphs_key: str = "obs/glyphs",
+        blstats_key: str = "obs/blstats",
+    ):
+        super().__init__()
+        spaces = _leaf_spaces(obs_shape, "model=nethack")
+        for key in (glyphs_key, blstats_key):
+            if key not in spaces:
+                raise ValueError(
+                    f"model=nethack needs the leaves {glyphs_key} and {blstats_key}; this env has {list(spaces)} "
+                    "(NLE/MiniHack: env.make_kwargs.observation_keys must include glyphs and blstats)."
+                )
+        glyphs, blstats = spaces[glyphs_key], spaces[blstats_key]
+        self.glyphs_key, self.blstats_key, self.crop_size = glyphs_key, blstats_key, crop_size
+        height, width = glyphs.shape
+        self.embedding = nn.Embedding(int(np.max(glyphs.high)) + 1, embedding_dim)
+        self.map_convs = _conv_stack(embedding_dim, conv_channels)
+        self.crop_convs = _conv_stack(embedding_dim, conv_channels)
+        num_stats = blstats.shape[0]
+        self.stats_mlp = nn.Sequential(
+            nn.Linear(num_stats, stats_hidden), nn.ReLU(), nn.Linear(stats_hidden, stats_hidden), nn.ReLU()
+        )
+        size = conv_channels[-1] * (height * width + crop_size * crop_size) + stats_hidden
+        self.fc = nn.Sequential(nn.Linear(size, output_size), nn.ReLU(), nn.Linear(output_size, output_size), nn.ReLU())
+        self.output_size = output_size
+
+    def crop(self, glyphs: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The crop_size x crop_size glyph ids centred on (x, y); glyph 0 beyond the map's edge."""
+        r = self.crop_size // 2
+        padded = F.pad(glyphs, (r, r, r, r))
+        offsets = torch.arange(self.crop_size, device=glyphs.device)
+        rows = (y.clamp(0, glyphs.shape[1] - 1)[:, None] + offsets)[:, :, None]
+        cols = (x.clamp(0, glyphs.shape[2] - 1)[:, None] + offsets)[:, None, :]
+        return padded[torch.arange(len(glyphs), device=glyphs.device)[:, None, None], rows, cols]
+
+    def forward(self, obs: dict) -> torch.Tensor:
+        glyphs = obs[self.glyphs_key].long()
+        blstats = obs[self.blstats_key]
+        crop = self.crop(glyphs, blstats[:, 0].long(), blstats[:, 1].long())
+        full = self.map_convs(self.embedding(glyphs).permute(0, 3, 1, 2)).flatten(1)
+        near = self.crop_convs(self.embedding(crop).permute(0, 3, 1, 2)).flatten(1)
+        # Stats are counters of any size (gold, turns, score): squashed so none dominates.
+        stats = blstats.float()
+        stats = self.stats_mlp(stats.sign() * torch.log1p(stats.abs()))
+        return self.fc(torch.cat([full, near, stats], dim=-1))
