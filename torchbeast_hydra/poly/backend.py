@@ -117,7 +117,6 @@ class PolyBeast(Backend):
             inference=self.inference,
             initial_state=self._initial_state,
             emit=self._enqueue,
-            on_fatal=self.fail,
         )
         self.max_message_bytes = wire.max_message_bytes(run.spec, backend.max_envs_per_client)
         self.server = None

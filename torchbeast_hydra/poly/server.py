@@ -25,7 +25,6 @@ import grpc
 import numpy as np
 import torch
 
-from ..distributions import NonFiniteAction
 from ..envs import EnvSpec
 from ..layout import rollout_specs
 from ..seeding import actor_seed
@@ -98,12 +97,11 @@ class ActorPool:
         inference: DynamicBatcher,
         initial_state,
         emit: Emit,
-        on_fatal=lambda error: None,
     ):
-        """initial_state: num_envs -> tuple of [num_envs, ...] tensors; emit: takes finished rollouts;
-        on_fatal: told of an error that must stop the run (the policy's non-finite actions)."""
+        """initial_state: num_envs -> tuple of [num_envs, ...] tensors; emit: takes finished rollouts.
+        Whatever inference raises (a NaN action, a model's bug, CUDA out of memory) reaches its
+        owner through the batcher's on_error and stops the run; the streams end as the learner stops."""
         self.spec = spec
-        self.on_fatal = on_fatal
         self.settings = settings
         self.token = token.encode()
         self.inference = inference
@@ -152,9 +150,6 @@ class ActorPool:
                     actions = session.step(self._step(raw, hello.num_envs))
                 except (BatcherClosed, InferenceFailed):
                     break
-                except NonFiniteAction as error:  # never step an env with NaN: the run stops
-                    self.on_fatal(error)
-                    raise Refused(grpc.StatusCode.ABORTED, f"the learner stops: {error}") from None
                 message = wire.ServerMessage()
                 wire.encode_array(actions, message.actions)
                 self._count_step(time.perf_counter() - started - session.inference_s, hello.num_envs)
