@@ -22,8 +22,8 @@ ERRORS = {
 
 
 class FailingBody(MLPBody):
-    def __init__(self, obs_shape, hidden_sizes=(64, 64)):
-        super().__init__(obs_shape, hidden_sizes)
+    def __init__(self, obs_shape, **mlp_fields):
+        super().__init__(obs_shape, **mlp_fields)
         self.calls = 0
 
     def forward(self, frames):
