@@ -15,10 +15,8 @@ from omegaconf import OmegaConf
 
 from torchbeast_hydra.__main__ import CONFIG_DIR
 
-# A tiny but complete training run: CartPole with an MLP, two actors, a few updates.
-TINY = [
-    "experiment=cartpole",
-    "total_steps=2560",
+# Small enough for any env to train a few updates in seconds: add the env and total_steps.
+SMALL = [
     "batch_size=4",
     "unroll_length=16",
     "backend.num_actors=2",
@@ -26,6 +24,8 @@ TINY = [
     "logger.log_interval_s=1",
     "logger.wandb.mode=disabled",  # tests/test_wandb.py covers wandb
 ]
+# A tiny but complete training run: CartPole with an MLP, two actors, a few updates.
+TINY = ["experiment=cartpole", "total_steps=2560", *SMALL]
 
 
 def compose_config(overrides=()):

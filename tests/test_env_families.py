@@ -6,7 +6,7 @@ import pytest
 from torchbeast_hydra.config import ConfigError
 from torchbeast_hydra.envs import import_modules, probe_env
 
-from conftest import compose_config, rows, run_cli
+from conftest import SMALL, compose_config, rows, run_cli
 
 FAMILIES = {  # env option -> (the model it brings, its default id, the observation's leaves)
     "nethack": ("NetHackBody", "NetHackScore-v0", ("obs/blstats", "obs/glyphs")),
@@ -32,15 +32,7 @@ def test_a_missing_family_package_names_the_pip_command(monkeypatch):
         import_modules(["minigrid"])
 
 
-BRIEF = [
-    "total_steps=1280",
-    "batch_size=4",
-    "unroll_length=16",
-    "backend.num_actors=2",
-    "backend.envs_per_actor=2",
-    "logger.log_interval_s=1",
-    "logger.wandb.mode=disabled",
-]
+BRIEF = ["total_steps=1280", *SMALL]
 
 
 @pytest.mark.slow

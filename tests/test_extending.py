@@ -10,20 +10,12 @@ import pytest
 
 from torchbeast_hydra import checkpoint
 
-from conftest import REPO, cli_env, rows
+from conftest import REPO, SMALL, cli_env, rows
 
 pytestmark = pytest.mark.slow
 
 # Small enough to train in seconds; appended to each README command.
-BRIEF = [
-    "total_steps=640",
-    "batch_size=4",
-    "unroll_length=16",
-    "backend.num_actors=2",
-    "backend.envs_per_actor=2",
-    "logger.log_interval_s=1",
-    "logger.wandb.mode=disabled",
-]
+BRIEF = ["total_steps=640", *SMALL]
 
 
 def extending_section() -> str:

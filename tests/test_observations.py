@@ -4,6 +4,8 @@ own dtype and shape, from the env to the learner on both backends; a Box stays o
 tests/structured_envs.py is a user env nesting every array space (and a Text leaf to leave out).
 """
 
+from pathlib import Path
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from torchbeast_hydra.envs import Environments, EnvSpec, observation_leaves, pro
 from torchbeast_hydra.models import make_model
 from torchbeast_hydra.poly import wire
 
-from conftest import compose_config, rows, run_cli
+from conftest import SMALL, cli_env, compose_config, rows, run_cli
 from structured_envs import KEPT, SPACE
 
 STRUCTURED = EnvConfig(id="Structured-v0", imports=["structured_envs"], obs_keys=KEPT)
@@ -143,21 +145,14 @@ BRIEF = [
     f"env.obs_keys=[{','.join(KEPT)}]",
     "model=multi",
     "total_steps=1280",
-    "batch_size=4",
-    "unroll_length=16",
-    "backend.num_actors=2",
-    "backend.envs_per_actor=2",
-    "logger.log_interval_s=1",
-    "logger.wandb.mode=disabled",
+    *SMALL,
 ]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["mono", "poly"])
 def test_a_structured_env_trains_checkpoints_and_refuses_a_changed_space_on_resume(tmp_path, backend):
-    from conftest import cli_env
-
-    env = cli_env(PYTHONPATH=str(__import__("pathlib").Path(__file__).parent))
+    env = cli_env(PYTHONPATH=str(Path(__file__).parent))
     run_dir = tmp_path / backend
     run_cli(run_dir, *BRIEF, f"backend={backend}", env=env)
     assert int(rows(run_dir)[-1]["step"]) >= 1280
