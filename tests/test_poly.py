@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from torchbeast_hydra import checkpoint
-from torchbeast_hydra.actions import ActionSpec
+from torchbeast_hydra.envs import EnvSpec
 from torchbeast_hydra.poly import wire
 
 from conftest import TINY, actor_pids, cli_env, rows, run_cli, start_cli, steps, wait_for
@@ -86,12 +86,7 @@ def raw_stream(port, messages, token=TOKEN):
 
 
 def hello(num_envs=1, obs_shape=(4,), num_actions=2):
-    message = wire.ClientMessage()
-    message.hello.env_id = "CartPole-v1"
-    message.hello.num_envs = num_envs
-    message.hello.obs.add(name="frame", dtype="float32", shape=obs_shape)
-    message.hello.action_space = wire.action_space_text(ActionSpec.discrete(num_actions))
-    return message.SerializeToString()
+    return wire.encode_hello(EnvSpec.box(obs_shape, np.float32, num_actions), "CartPole-v1", num_envs)
 
 
 def step(num_envs=1, frame_shape=(4,), last_action=0, frame_dtype=np.float32):

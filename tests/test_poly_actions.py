@@ -57,12 +57,7 @@ def served():
 
 
 def hello(actions: ActionSpec = BOX, num_envs=2):
-    message = wire.ClientMessage()
-    message.hello.env_id = "Box-v0"
-    message.hello.num_envs = num_envs
-    wire.describe_obs(SPEC, message.hello)
-    message.hello.action_space = wire.action_space_text(actions)
-    return message.SerializeToString()
+    return wire.encode_hello(EnvSpec(SPEC.leaves, actions), "Box-v0", num_envs)
 
 
 def step(last_action=0.0, num_envs=2):

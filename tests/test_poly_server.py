@@ -68,12 +68,7 @@ def serve(spec: EnvSpec):
 
 
 def hello(num_envs=2, spec=SPEC):
-    message = wire.ClientMessage()
-    message.hello.env_id = "Test-v0"
-    message.hello.num_envs = num_envs
-    wire.describe_obs(spec, message.hello)
-    message.hello.action_space = wire.action_space_text(SPEC.actions)
-    return message.SerializeToString()
+    return wire.encode_hello(spec, "Test-v0", num_envs)
 
 
 def step(num_envs=2, frame=0.0):

@@ -24,6 +24,7 @@ import difflib
 import importlib
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import gymnasium as gym
 import numpy as np
@@ -188,7 +189,7 @@ class Leaf:
 @dataclass(frozen=True)
 class EnvSpec:
     """What models and buffers need to know about an env: the observation's leaves (derived once,
-    by observation_leaves) and the number of actions."""
+    by observation_leaves) and its action space."""
 
     leaves: tuple
     actions: ActionSpec  # the action space (actions.py); an int n stands for Discrete(n)
@@ -196,6 +197,12 @@ class EnvSpec:
     def __post_init__(self):
         if isinstance(self.actions, (int, np.integer)):
             object.__setattr__(self, "actions", ActionSpec.discrete(int(self.actions)))
+
+    @cached_property
+    def step_specs(self) -> dict:
+        """The env keys' (per-step shape, dtype), layout.numpy_specs(self, ENV): computed once, since
+        poly's server checks every step a client sends against them."""
+        return layout.numpy_specs(self, layout.ENV)
 
     @classmethod
     def box(cls, shape: tuple, dtype, actions) -> EnvSpec:

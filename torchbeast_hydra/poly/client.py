@@ -169,13 +169,7 @@ class EnvClient:
         raise ConnectionError("the learner closed the stream")
 
     def _hello(self) -> bytes:
-        message = wire.ClientMessage()
-        hello = message.hello
-        hello.env_id = self.env_cfg.id
-        hello.num_envs = self.num_envs
-        hello.action_space = wire.action_space_text(self.spec.actions)
-        wire.describe_obs(self.spec, hello)
-        return message.SerializeToString()
+        return wire.encode_hello(self.spec, self.env_cfg.id, self.num_envs)
 
 
 def client_main(

@@ -17,7 +17,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from ..actions import ActionError, ActionSpec, check
-from ..layout import ENV, ENV_KEYS, numpy_specs
+from ..layout import ENV_KEYS
 
 FRAME = "frame"  # envs.FRAME (not imported: this module must not pull in gymnasium's env registry)
 
@@ -171,10 +171,16 @@ def action_space_text(spec: ActionSpec) -> str:
     return json.dumps(spec.signature(), sort_keys=True)
 
 
-def describe_obs(spec, hello) -> None:
-    """Fills Hello.obs: each leaf's name, dtype and shape (no data), for the server to check."""
+def encode_hello(spec, env_id: str, num_envs: int) -> bytes:
+    """A stream's first message: the env (spec: envs.EnvSpec) the server checks the client against,
+    each observation leaf's name, dtype and shape (no data) and the action space."""
+    message = ClientMessage()
+    hello = message.hello
+    hello.env_id, hello.num_envs = env_id, num_envs
+    hello.action_space = action_space_text(spec.actions)
     for leaf in spec.leaves:
         hello.obs.add(name=leaf.key, dtype=leaf.dtype.name, shape=leaf.shape)
+    return message.SerializeToString()
 
 
 def encode_step(outputs: dict, obs_keys: tuple = (FRAME,)) -> bytes:
@@ -199,9 +205,8 @@ def decode_step(message, num_envs: int, spec) -> dict:
         raise WireError(f"expected a step, got {message.WhichOneof('kind') or 'an empty message'}")
     step = message.step
     arrays = _decode_obs(step, num_envs, spec)
-    specs = numpy_specs(spec, ENV)
     for key in OTHER_STEP_KEYS:
-        shape, dtype = specs[key]
+        shape, dtype = spec.step_specs[key]
         arrays[key] = decode_array(getattr(step, key), key, dtype.name, (num_envs, *shape))
     try:
         check(spec.actions, arrays["last_action"], "last_action")
