@@ -105,6 +105,16 @@ class GpuSampler(threading.Thread):
         return f"{statistics.fmean(self.samples):.0f}% mean, {statistics.median(self.samples):.0f}% median"
 
 
+def composed(overrides: list):
+    """The run's config as the CLI would compose it from these overrides."""
+    from hydra import compose, initialize_config_dir
+
+    from torchbeast_hydra.__main__ import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return compose("config", overrides)
+
+
 def cli_command(run_dir: Path, overrides: list) -> list:
     # wandb off unless an override turns it on: the figures measure training, as before wandb.
     return [

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's package, as `python -m` runs it
-from _common import MemorySampler, cli_command, platform_line  # noqa: E402
+from _common import MemorySampler, cli_command, composed, platform_line  # noqa: E402
 
 CONFIGS = [
     ["experiment=cartpole"],
@@ -43,15 +43,11 @@ COMMON = ["total_steps=1000000000", "checkpoint_interval_s=100000"]
 
 
 def estimate(overrides: list):
-    from hydra import compose, initialize_config_dir
-
     from torchbeast_hydra import memory
-    from torchbeast_hydra.__main__ import CONFIG_DIR
     from torchbeast_hydra.envs import probe_env
     from torchbeast_hydra.models import make_model
 
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("config", overrides)
+    cfg = composed(overrides)
     spec = probe_env(cfg.env)
     return memory.estimate(cfg, spec, make_model(cfg.model, spec))
 

@@ -45,17 +45,23 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import GpuSampler, mean_of, platform_line, read_log, steady_rate, steps_per_update, train  # noqa: E402
+from _common import GpuSampler, composed, mean_of, platform_line, read_log, steady_rate, steps_per_update, train  # noqa: E402
 from _pipeline import OBS  # noqa: E402
 
+# Pong (whose env option keeps the default model, atari_net) at B=8, T=80; an override of the same
+# key replaces its entry here (env=nethack: NetHack with the model its env option brings).
 DEFAULTS = [
     "env=pong",
-    "model=atari_net",
     "batch_size=8",
     "unroll_length=80",
     "total_steps=1000000000",
     "checkpoint_interval_s=100000",
 ]
+
+
+def with_defaults(overrides: list) -> list:
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    return [d for d in DEFAULTS if d.split("=", 1)[0] not in given] + list(overrides)
 
 
 # -- one training run -------------------------------------------------------------------------------
@@ -78,27 +84,37 @@ def measure(overrides: list, warmup: float, seconds: float) -> Run:
     gpu.start()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        rc, wall, peak = train(run_dir, [*DEFAULTS, *overrides], seconds=warmup + seconds)
+        rc, wall, peak = train(run_dir, with_defaults(overrides), seconds=warmup + seconds)
         rows = read_log(run_dir) if (run_dir / "logs.csv").exists() else []  # none: it failed to start
     steady, sps = steady_rate(rows, warmup)
     return Run(rc, wall, peak, gpu.stop(), rows[-1]["step"] if rows else 0, steady, sps)
 
 
-def env_steps_per_second(env_id: str, seconds: float = 5.0) -> float:
+def env_steps_per_second(env_cfg, seconds: float = 5.0) -> float:
     """One env on one core, random actions: what a core can give at most."""
-    from torchbeast_hydra.config import AtariEnvConfig
     from torchbeast_hydra.envs import Environments
 
-    envs = Environments(AtariEnvConfig(id=env_id), 1, seed=0)
+    envs = Environments(env_cfg, 1, seed=0)
     envs.initial()
-    rng = np.random.default_rng(0)
-    actions = rng.integers(0, envs.spec.actions.nvec[0], size=(100_000, 1))
+    actions = random_actions(envs.spec.actions, 10_000)
     steps, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
-        envs.step(actions[steps % len(actions)])
+        envs.step(actions[steps % len(actions)][None])
         steps += 1
     envs.close()
     return steps / (time.perf_counter() - started)
+
+
+def random_actions(spec, count: int) -> np.ndarray:
+    """count actions drawn uniformly from the policy's side of the action space (actions.py)."""
+    from torchbeast_hydra.actions import BOX, MULTI_BINARY
+
+    rng = np.random.default_rng(0)
+    if spec.kind == BOX:
+        actions = rng.uniform(spec.low, spec.high, size=(count, spec.size)).astype(np.float32)
+    else:
+        actions = rng.integers(0, 2 if spec.kind == MULTI_BINARY else spec.nvec, size=(count, spec.size))
+    return actions.reshape(count, *spec.step_shape)
 
 
 # -- train mode -------------------------------------------------------------------------------------
@@ -106,7 +122,11 @@ def env_steps_per_second(env_id: str, seconds: float = 5.0) -> float:
 
 def breakdown(rows: list, raw_env_sps: float) -> dict:
     """Core-microseconds per env step by part, from what the backends log in logs.csv."""
-    parts = {"env (raw, one core)": 1e6 / raw_env_sps}
+    env_us = mean_of(rows, "actor_env_us_per_step")  # mono's actors time their own envs and policy
+    parts = {"env (in the actors)": env_us} if env_us is not None else {"env (raw, one core)": 1e6 / raw_env_sps}
+    actor_inference_us = mean_of(rows, "actor_inference_us_per_step")
+    if actor_inference_us is not None:
+        parts["inference (in the actors)"] = actor_inference_us
     inference_ms, batch = mean_of(rows, "inference_ms"), mean_of(rows, "inference_batch_size")
     if inference_ms is not None and batch:  # poly: per pass, over the batch's envs
         parts[f"central inference (mean batch {batch:.1f})"] = 1000 * inference_ms / batch
@@ -123,12 +143,12 @@ def breakdown(rows: list, raw_env_sps: float) -> dict:
 
 def train_mode(args) -> None:
     cores = os.cpu_count() or 1
-    overrides = DEFAULTS + args.overrides
-    env_id = next((o.split("=", 1)[1] for o in reversed(overrides) if o.startswith("env.id=")), "ALE/Pong-v5")
+    overrides = with_defaults(args.overrides)
+    env_cfg = composed(overrides).env
     print(f"machine: {platform_line()}")
     print(f"config:  {' '.join(overrides)}")
     for backend in args.backends or [None]:
-        raw = env_steps_per_second(env_id)  # just before each run: the machine as it is now
+        raw = env_steps_per_second(env_cfg)  # just before each run: the machine as it is now
         backend_override = [f"backend={backend}"] if backend else []
         run = measure([*backend_override, *args.overrides], args.warmup, args.seconds)
         name = backend or "training"
@@ -142,7 +162,7 @@ def train_mode(args) -> None:
             f"\n{name}: {run.sps:,.0f} steps/s over {elapsed:.0f} s after {args.warmup:g} s warm-up "
             f"({run.last_step:,} steps in {run.wall:.0f} s wall, exit {run.rc})\n"
             f"  {run.sps / cores:,.0f} steps/s per core, efficiency {run.sps / (cores * raw):.2f} "
-            f"(raw env {raw:,.0f} steps/s: {env_id}, one env, one core, random actions)\n"
+            f"(raw env {raw:,.0f} steps/s: {env_cfg.id}, one env, one core, random actions)\n"
             f"  GPU {run.gpu}; peak memory {run.peak / 2**20:,.0f} MiB (PSS, whole process tree)",
             flush=True,
         )
@@ -160,7 +180,7 @@ def train_mode(args) -> None:
 def scaling_mode(args) -> None:
     unit = "clients" if args.backend == "poly" else "actors"
     print(f"machine: {platform_line()}")
-    print(f"config:  backend={args.backend} {' '.join(DEFAULTS + args.overrides)}")
+    print(f"config:  backend={args.backend} {' '.join(with_defaults(args.overrides))}")
     print(f"{unit:>7} {'steps/s':>8} {'inference batch':>16} {'inference ms':>13} {'learner queue':>14}")
     for actors in args.clients:
         run = measure(

@@ -70,6 +70,20 @@ def test_breakdown_divides_each_part_by_the_steps_it_served(throughput):
     )
 
 
+def test_breakdown_takes_monos_own_env_and_inference_costs(throughput):
+    rows = [dict(step=640 * i, update_ms="64", actor_env_us_per_step="120", actor_inference_us_per_step="") for i in (1, 2)]
+    rows[1]["actor_inference_us_per_step"] = "250"  # a blank: nothing measured in that row
+    assert throughput.breakdown(rows, raw_env_sps=2000) == pytest.approx(
+        {"env (in the actors)": 120.0, "inference (in the actors)": 250.0, "learner update": 100.0}
+    )
+
+
+def test_overrides_replace_the_benchmarks_defaults_of_the_same_key(throughput):
+    overrides = throughput.with_defaults(["env=nethack", "batch_size=32", "backend=poly"])
+    assert "env=pong" not in overrides and "batch_size=8" not in overrides
+    assert overrides[-3:] == ["env=nethack", "batch_size=32", "backend=poly"] and "unroll_length=80" in overrides
+
+
 def test_scaling_shows_a_dash_for_what_the_backend_does_not_log(throughput, monkeypatch, capsys):
     rows = [dict(step=640 * i, time_s=float(i), learner_queue_size="3") for i in range(3)]  # no inference columns
     run = throughput.Run(rc=0, wall=60.0, peak=0, gpu="no GPU", last_step=1280, rows=rows, sps=640.0)

@@ -24,6 +24,10 @@ def test_each_family_brings_its_model_and_observation_leaves(family):
     assert compose_config([f"env={family}", "model=multi"]).model._target_.endswith("MultiBody")  # yours wins
 
 
+def test_minigrid_reads_its_view_as_codes():
+    assert compose_config(["env=minigrid"]).model.code_images == ["obs/image"]  # model=minigrid
+
+
 def test_a_missing_family_package_names_the_pip_command(monkeypatch):
     import sys
 

@@ -31,6 +31,8 @@ def test_tiny_run_writes_logs_checkpoint_and_provenance(tiny_run):
         "free_queue_size",
         "full_queue_size",
         "episodes",
+        "actor_env_us_per_step",
+        "actor_inference_us_per_step",
     ):
         assert last[field] != "", field
     assert int(last["episodes"]) > 0 and float(last["sps"]) > 0

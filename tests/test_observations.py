@@ -13,7 +13,7 @@ import torch
 
 from torchbeast_hydra import checkpoint, layout, memory
 from torchbeast_hydra.config import ConfigError, EnvConfig, MultiConfig, NetHackConfig
-from torchbeast_hydra.encoders import NetHackBody
+from torchbeast_hydra.encoders import MultiBody, NetHackBody
 from torchbeast_hydra.envs import Environments, EnvSpec, observation_leaves, probe_env
 from torchbeast_hydra.models import make_model
 from torchbeast_hydra.poly import wire
@@ -102,6 +102,23 @@ def test_multi_body_encodes_each_leaf_and_acts():
     # A different image gives different features: the image reaches the body.
     changed = dict(inputs, **{"obs/image": inputs["obs/image"] // 2})
     assert not torch.equal(model(changed, action="none")[0]["baseline"], model(inputs, action="none")[0]["baseline"])
+
+
+def test_code_images_embed_each_channels_code_rather_than_scale_pixels():
+    # MiniGrid's view: each cell (object, colour, state), Box(0, 255) of uint8 codes.
+    spaces = {"obs/image": gym.spaces.Box(0, 255, (7, 7, 3), np.uint8), "obs/direction": gym.spaces.Discrete(4)}
+    body = MultiBody(spaces, code_images=["obs/image"])
+    assert type(body.encoders[body.keys.index("obs/image")]).__name__ == "CodeImageEncoder"
+    image = torch.zeros(2, 7, 7, 3, dtype=torch.uint8)
+    image[1, 3, 3] = torch.tensor([5, 0, 0])  # a key; the same code as a colour means something else
+    swapped = torch.zeros_like(image)
+    swapped[1, 3, 3] = torch.tensor([0, 5, 0])
+    direction = torch.zeros(2, dtype=torch.int64)
+    features = body({"obs/image": image, "obs/direction": direction})
+    assert not torch.equal(features[0], features[1])
+    assert not torch.equal(features[1], body({"obs/image": swapped, "obs/direction": direction})[1])
+    with pytest.raises(ValueError, match=r"model.code_images names \['obs/mission'\]"):
+        MultiBody(spaces, code_images=["obs/mission"])
 
 
 def test_a_single_array_body_is_refused_for_structured_observations_with_a_hint():

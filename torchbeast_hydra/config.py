@@ -165,6 +165,9 @@ class MultiConfig(ModelConfig):
     embedding_dim: int = 16  # per Discrete entry
     conv_channels: List[int] = field(default_factory=lambda: [16, 32])  # one 3x3 conv each, for image leaves
     hidden_sizes: List[int] = field(default_factory=lambda: [256])  # ReLU layers over the concatenated features
+    # Image leaves whose channels are category codes, not intensities (MiniGrid's obs/image): each
+    # code embedded, a cell's embeddings summed, then the convs (encoders.CodeImageEncoder).
+    code_images: List[str] = field(default_factory=list)
 
 
 @dataclass

@@ -66,39 +66,64 @@ class VectorEncoder(BoxEncoder):
         return self.scale(x).reshape(len(x), -1)
 
 
+def _image_layout(shape: tuple) -> tuple:
+    """(channels_last, in_channels, (height, width)) of a 2-D or 3-D image leaf. The channel axis is
+    the smaller end: (7, 7, 3) is channels-last, (4, 84, 84) channels-first."""
+    if len(shape) == 2:
+        return False, 1, tuple(shape)
+    channels_last = shape[-1] < shape[0]
+    return channels_last, (shape[-1] if channels_last else shape[0]), tuple(shape[:2] if channels_last else shape[1:])
+
+
+def _conv_net(in_channels: int, hw: tuple, channels) -> tuple:
+    """3x3 ReLU convs (stride 2 for images larger than 16x16), flattened; and their output size."""
+    stride = 2 if min(hw) > 16 else 1
+    layers = []
+    for out in channels:
+        layers += [nn.Conv2d(in_channels, out, 3, stride=stride, padding=1), nn.ReLU()]
+        in_channels = out
+    convs = nn.Sequential(*layers, nn.Flatten())
+    with torch.no_grad():
+        return convs, convs(torch.zeros(1, layers[0].in_channels, *hw)).shape[1]
+
+
+def _channels_first(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    if x.dim() == 3:
+        return x.unsqueeze(1)
+    return x.permute(0, 3, 1, 2) if channels_last else x
+
+
 class ImageEncoder(BoxEncoder):
-    """A 2-D or 3-D Box through two 3x3 convs (stride 2 for images larger than 16x16)."""
+    """A 2-D or 3-D Box of intensities (pixels, uint8 or float) through a small conv net."""
 
     def __init__(self, space: gym.spaces.Box, channels=(16, 32)):
         super().__init__(space)
-        shape = space.shape
-        # The channel axis is the smaller end: (7, 7, 3) is channels-last, (4, 84, 84) channels-first.
-        self.channels_last = len(shape) == 3 and shape[-1] < shape[0]
-        in_channels = 1 if len(shape) == 2 else (shape[-1] if self.channels_last else shape[0])
-        hw = shape[-3:-1] if self.channels_last else shape[-2:]
-        stride = 2 if min(hw) > 16 else 1
-        layers = []
-        for out in channels:
-            layers += [nn.Conv2d(in_channels, out, 3, stride=stride, padding=1), nn.ReLU()]
-            in_channels = out
-        self.convs = nn.Sequential(*layers, nn.Flatten())
-        with torch.no_grad():
-            self.output_size = self.convs(torch.zeros(1, *shape_in(shape))).shape[1]
+        self.channels_last, in_channels, hw = _image_layout(space.shape)
+        self.convs, self.output_size = _conv_net(in_channels, hw, channels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.scale(x)
-        if x.dim() == 3:
-            x = x.unsqueeze(1)
-        elif self.channels_last:
-            x = x.permute(0, 3, 1, 2)
-        return self.convs(x)
+        return self.convs(_channels_first(self.scale(x), self.channels_last))
 
 
-def shape_in(shape: tuple) -> tuple:
-    """An image leaf's shape as the conv net sees it: channels first."""
-    if len(shape) == 2:
-        return (1, *shape)
-    return (shape[-1], shape[0], shape[1]) if shape[-1] < shape[0] else tuple(shape)
+class CodeImageEncoder(nn.Module):
+    """An image whose channels hold category codes, not intensities (MiniGrid's cells: object,
+    colour, state). Scaled as pixels, codes 0..10 of 255 would all look black and their order
+    would mean something it does not; instead each channel's code is embedded and a cell's
+    embeddings are summed (BabyAI's bag-of-words image embedding), then the conv net."""
+
+    def __init__(self, space: gym.spaces.Box, embedding_dim: int, channels=(16, 32)):
+        super().__init__()
+        self.channels_last, in_channels, hw = _image_layout(space.shape)
+        codes = int(np.max(space.high)) + 1
+        self.register_buffer("offsets", torch.arange(in_channels) * codes, persistent=False)
+        self.limit = codes - 1
+        self.embedding = nn.Embedding(codes * in_channels, embedding_dim)
+        self.convs, self.output_size = _conv_net(embedding_dim, hw, channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        codes = _channels_first(x, self.channels_last).long().clamp(0, self.limit)
+        ids = codes + self.offsets[:, None, None]  # (N, C, H, W): each channel its own part of the table
+        return self.convs(self.embedding(ids).sum(1).permute(0, 3, 1, 2))
 
 
 class DiscreteEncoder(nn.Module):
@@ -121,23 +146,28 @@ class DiscreteEncoder(nn.Module):
         return self.embedding(ids).reshape(len(x), -1)
 
 
-def leaf_encoder(space: gym.Space, embedding_dim: int, conv_channels) -> nn.Module:
+def leaf_encoder(space: gym.Space, embedding_dim: int, conv_channels, codes: bool = False) -> nn.Module:
     if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
         return DiscreteEncoder(space, embedding_dim)
     if isinstance(space, gym.spaces.Box) and len(space.shape) in (2, 3) and min(space.shape[:2]) >= 3:
-        return ImageEncoder(space, conv_channels)
+        return CodeImageEncoder(space, embedding_dim, conv_channels) if codes else ImageEncoder(space, conv_channels)
     return VectorEncoder(space)
 
 
 class MultiBody(Body):
     """One encoder per observation leaf, by its space; features concatenated, then an MLP."""
 
-    def __init__(self, obs_shape, embedding_dim: int = 16, conv_channels=(16, 32), hidden_sizes=(256,)):
+    def __init__(self, obs_shape, embedding_dim: int = 16, conv_channels=(16, 32), hidden_sizes=(256,), code_images=()):
         super().__init__()
         spaces = _leaf_spaces(obs_shape, "model=multi")
+        unknown = [key for key in code_images if key not in spaces]
+        if unknown:
+            raise ValueError(f"model.code_images names {unknown}, not leaves of this env's observation: {list(spaces)}")
         self.keys = list(spaces)
         # ModuleDict keys cannot hold "/" or "."; the leaves keep their order.
-        self.encoders = nn.ModuleList(leaf_encoder(spaces[k], embedding_dim, conv_channels) for k in self.keys)
+        self.encoders = nn.ModuleList(
+            leaf_encoder(spaces[k], embedding_dim, conv_channels, codes=k in code_images) for k in self.keys
+        )
         size = sum(e.output_size for e in self.encoders)
         layers = []
         for hidden in hidden_sizes:

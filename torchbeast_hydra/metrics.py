@@ -101,6 +101,11 @@ class CsvLog:
         self._file.close()
 
 
+def measured(value: float | None, digits: int = 2):
+    """A backend's figure for a row: rounded, or blank in logs.csv where nothing was measured."""
+    return "" if value is None else round(value, digits)
+
+
 def _int(value) -> int:
     try:
         return int(float(value))

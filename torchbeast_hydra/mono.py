@@ -29,6 +29,7 @@ from .config import num_buffers
 from .distributions import NonFiniteAction
 from .envs import Environments, EnvSpec
 from .layout import AGENT_KEYS, env_keys, rollout_specs
+from .metrics import measured
 from .models import make_model
 from .seeding import actor_seed
 from .supervision import ActorProcesses
@@ -60,17 +61,29 @@ def _decode(message: bytes) -> list:
     return np.frombuffer(message, np.int32).tolist()
 
 
+def _encode_full(indices, env_s: float, inference_s: float) -> bytes:
+    """An actor's report: the buffers it filled, then the seconds it spent stepping envs and in the
+    policy while filling them (the per-step costs that benchmarks/throughput.py prints)."""
+    return np.asarray([env_s, inference_s], np.float64).tobytes() + _encode(indices)
+
+
+def _decode_full(message: bytes) -> tuple:
+    env_s, inference_s = np.frombuffer(message[:16], np.float64)
+    return _decode(message[16:]), float(env_s), float(inference_s)
+
+
 class BufferPool:
     """Hands out free buffers to actors (k at a time) and collects full ones for the learner."""
 
-    def __init__(self, count: int, per_actor: int):
-        self.per_actor = per_actor
+    def __init__(self, count: int, per_actor: int, unroll_length: int):
+        self.per_actor, self.unroll_length = per_actor, unroll_length
         self.free = list(range(count))
         self.full = queue.Queue()
         self.granted = {}  # actor index -> buffer indices it is filling
         self.waiting = []  # actors waiting for a grant
         self.conns = {}  # actor index -> learner end of its pipe
         self._lock = threading.Lock()
+        self._acting = np.zeros(3)  # env seconds, inference seconds, env steps: since take_acting_stats
 
     def add_actor(self, index: int, conn) -> None:
         with self._lock:
@@ -101,17 +114,24 @@ class BufferPool:
         for conn in connection.wait(list(self.conns.values()), timeout):
             index = next(i for i, c in self.conns.items() if c is conn)
             try:
-                indices = _decode(conn.recv_bytes())
+                indices, env_s, inference_s = _decode_full(conn.recv_bytes())
             except (EOFError, OSError):
                 broken.append(index)
                 continue
             with self._lock:
+                self._acting += (env_s, inference_s, len(indices) * self.unroll_length)
                 self.granted.pop(index, None)
                 self.waiting.append(index)
                 self._grant()
             for i in indices:
                 self.full.put(i)
         return broken
+
+    def take_acting_stats(self) -> tuple:
+        """Actors' core-microseconds per env step in env.step and in the policy since the last call."""
+        with self._lock:
+            (env_s, inference_s, steps), self._acting = self._acting, np.zeros(3)
+        return (1e6 * env_s / steps, 1e6 * inference_s / steps) if steps else (None, None)
 
     def _grant(self) -> None:
         while self.waiting and len(self.free) >= self.per_actor:
@@ -174,12 +194,16 @@ def _act(envs, unroll_length, model, buffers, state_buffers, conn) -> None:
         write_row(0, idx)
         for buffer, state in zip(state_buffers, core_state):
             buffer[:, idx] = state
+        env_s = inference_s = 0.0
         for t in range(1, unroll_length + 1):
+            started = time.perf_counter()
             with torch.no_grad():
                 agent_output, core_state = model(env_output, core_state)
+            stepped = time.perf_counter()
             envs.step(agent_output["action"][0].numpy())
+            env_s, inference_s = env_s + time.perf_counter() - stepped, inference_s + stepped - started
             write_row(t, idx)
-        conn.send_bytes(_encode(idx.tolist()))
+        conn.send_bytes(_encode_full(idx.tolist(), env_s, inference_s))
 
 
 def gather(buffers: torch.Tensor, idx: torch.Tensor, pin: bool) -> torch.Tensor:
@@ -200,7 +224,7 @@ class MonoBeast(Backend):
         count = num_buffers(cfg)
         self.buffers = create_buffers(run.spec, cfg.unroll_length, count)
         self.state_buffers = create_state_buffers(self.policy, count)
-        self.pool = BufferPool(count, backend.envs_per_actor)
+        self.pool = BufferPool(count, backend.envs_per_actor, cfg.unroll_length)
         self.env_cfg = OmegaConf.to_object(cfg.env)
         self.actors = ActorProcesses(
             self._start_actor,
@@ -264,10 +288,13 @@ class MonoBeast(Backend):
         batch = {key: gather(buffer, idx, pin) for key, buffer in self.buffers.items()}
         core_state = tuple(gather(buffer, idx, pin) for buffer in self.state_buffers)
         self.pool.release(indices)
+        env_us, inference_us = self.pool.take_acting_stats()
         observed = dict(
             free_queue_size=len(self.pool.free),
             full_queue_size=self.pool.full.qsize(),
             gather_ms=round(1000 * (time.perf_counter() - started), 3),
+            actor_env_us_per_step=measured(env_us),
+            actor_inference_us_per_step=measured(inference_us),
         )
         return batch, core_state, observed
 

@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 from ..config import ConfigError, PolyRole, split_address, usable_cores
 from ..envs import probe_env
+from ..metrics import measured
 from ..models import make_model
 from ..signals import StopOnSignals
 from ..supervision import ActorProcesses
@@ -197,7 +198,7 @@ class PolyBeast(Backend):
         observed = dict(
             learner_queue_size=self.rollouts.qsize(),
             gather_ms=round(1000 * self.rollouts.assembly_s, 3),
-            server_us_per_step=_round(self.pool.take_step_stats()),
+            server_us_per_step=measured(self.pool.take_step_stats()),
             inference_batch_size=round(statistics.fmean(sizes), 2) if sizes else "",
             inference_ms=round(1000 * statistics.fmean(seconds), 3) if seconds else "",
             connected_clients=self.pool.connected,
@@ -255,10 +256,6 @@ class PolyBeast(Backend):
             self.server.stop(grace=1.0).wait()
         if self.clients is not None:
             self.clients.stop(timeout=10.0)
-
-
-def _round(value: float | None):
-    return "" if value is None else round(value, 2)
 
 
 def write_address_file(path, host: str, port: int) -> None:
