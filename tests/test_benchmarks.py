@@ -71,7 +71,9 @@ def test_breakdown_divides_each_part_by_the_steps_it_served(throughput):
 
 
 def test_breakdown_takes_monos_own_env_and_inference_costs(throughput):
-    rows = [dict(step=640 * i, update_ms="64", actor_env_us_per_step="120", actor_inference_us_per_step="") for i in (1, 2)]
+    rows = [
+        dict(step=640 * i, update_ms="64", actor_env_us_per_step="120", actor_inference_us_per_step="") for i in (1, 2)
+    ]
     rows[1]["actor_inference_us_per_step"] = "250"  # a blank: nothing measured in that row
     assert throughput.breakdown(rows, raw_env_sps=2000) == pytest.approx(
         {"env (in the actors)": 120.0, "inference (in the actors)": 250.0, "learner update": 100.0}
