@@ -117,6 +117,61 @@ def random_actions(spec, count: int) -> np.ndarray:
     return actions.reshape(count, *spec.step_shape)
 
 
+def acting_batch(cfg) -> int:
+    """The envs one mono actor evaluates its policy on at once (auto-sized as the run sizes them)."""
+    from torchbeast_hydra.config import resolve_auto
+
+    resolve_auto(cfg)
+    return cfg.backend.envs_per_actor
+
+
+def one_core_costs(cfg, inference_batch: int, repeats: int = 5) -> dict:
+    """Core-microseconds per env step of the model's own work, timed on one core apart from the run
+    (so other processes' contention does not inflate them): a forward pass over `inference_batch`
+    envs, as an actor or the central batcher makes it, and one learner update (forward, V-trace,
+    backward, optimiser step) on zeroed B x T rollouts."""
+    import torch
+
+    from torchbeast_hydra.envs import probe_env
+    from torchbeast_hydra.layout import rollout_specs
+    from torchbeast_hydra.learner import Learner
+    from torchbeast_hydra.models import make_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        spec = probe_env(cfg.env)
+        model = make_model(cfg.model, spec)
+        T, B = cfg.unroll_length, cfg.batch_size
+        batch = {k: torch.zeros((T + 1, B, *s), dtype=d) for k, (s, d) in rollout_specs(spec).items()}
+        batch["mask"].fill_(True)
+        step = {k: v[:1, :1].expand(1, inference_batch, *v.shape[2:]).contiguous() for k, v in batch.items()}
+        learner = Learner(cfg, model, torch.device("cpu"))
+
+        def act():
+            with torch.no_grad():
+                model(step, model.initial_state(inference_batch))
+
+        def learn():
+            learner.update(batch, model.initial_state(B))
+
+        return {
+            f"inference (one core, batch {inference_batch})": _timed(act, repeats) / inference_batch,
+            "learner update (one core)": _timed(learn, repeats) / (T * B),
+        }
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _timed(fn, repeats: int) -> float:
+    """Microseconds a call, after one warm-up call."""
+    fn()
+    started = time.process_time()
+    for _ in range(repeats):
+        fn()
+    return 1e6 * (time.process_time() - started) / repeats
+
+
 # -- train mode -------------------------------------------------------------------------------------
 
 
@@ -132,7 +187,7 @@ def breakdown(rows: list, raw_env_sps: float) -> dict:
         parts[f"central inference (mean batch {batch:.1f})"] = 1000 * inference_ms / batch
     server_us = mean_of(rows, "server_us_per_step")  # poly, per env step
     if server_us is not None:
-        parts["transport + assembly (server)"] = server_us
+        parts["wire + assembly (server threads, CPU)"] = server_us
     per_update = steps_per_update(rows)
     for name, key in (("batch gathering (learner)", "gather_ms"), ("learner update", "update_ms")):
         value = mean_of(rows, key)
@@ -150,6 +205,7 @@ def train_mode(args) -> None:
     for backend in args.backends or [None]:
         raw = env_steps_per_second(env_cfg)  # just before each run: the machine as it is now
         backend_override = [f"backend={backend}"] if backend else []
+        cfg = composed(with_defaults([*backend_override, *args.overrides]))
         run = measure([*backend_override, *args.overrides], args.warmup, args.seconds)
         name = backend or "training"
         if run.sps is None:
@@ -172,6 +228,10 @@ def train_mode(args) -> None:
         for part, us in parts.items():
             print(f"    {part + ':':44s} {us:8.1f} us")
         print(f"    {'the rest (messages, copies, idle, ...):':44s} {budget - sum(parts.values()):8.1f} us", flush=True)
+        batch = mean_of(run.rows, "inference_batch_size") or acting_batch(cfg)
+        print("  the model's own work, timed on one core after the run (no contention):")
+        for part, us in one_core_costs(cfg, max(1, round(batch))).items():
+            print(f"    {part + ':':44s} {us:8.1f} us", flush=True)
 
 
 # -- scaling mode -----------------------------------------------------------------------------------

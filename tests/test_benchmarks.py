@@ -63,7 +63,7 @@ def test_breakdown_divides_each_part_by_the_steps_it_served(throughput):
         {
             "env (raw, one core)": 500.0,
             "central inference (mean batch 8.0)": 100.0,
-            "transport + assembly (server)": 30.0,
+            "wire + assembly (server threads, CPU)": 30.0,
             "batch gathering (learner)": 10.0,
             "learner update": 100.0,
         }
@@ -78,6 +78,17 @@ def test_breakdown_takes_monos_own_env_and_inference_costs(throughput):
     assert throughput.breakdown(rows, raw_env_sps=2000) == pytest.approx(
         {"env (in the actors)": 120.0, "inference (in the actors)": 250.0, "learner update": 100.0}
     )
+
+
+def test_one_core_costs_time_the_models_forward_and_a_learner_update(throughput, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from _common import composed
+
+    cfg = composed(["experiment=cartpole", "batch_size=4", "unroll_length=8"])
+    assert throughput.acting_batch(cfg.copy()) >= 1  # auto-sized as the run sizes it
+    costs = throughput.one_core_costs(cfg, inference_batch=4, repeats=2)
+    assert list(costs) == ["inference (one core, batch 4)", "learner update (one core)"]
+    assert all(us > 0 for us in costs.values())
 
 
 def test_overrides_replace_the_benchmarks_defaults_of_the_same_key(throughput):

@@ -196,12 +196,13 @@ def _act(envs, unroll_length, model, buffers, state_buffers, conn) -> None:
             buffer[:, idx] = state
         env_s = inference_s = 0.0
         for t in range(1, unroll_length + 1):
-            started = time.perf_counter()
+            # CPU time, not wall: core-seconds even when other processes share the cores.
+            started = time.process_time()
             with torch.no_grad():
                 agent_output, core_state = model(env_output, core_state)
-            stepped = time.perf_counter()
+            stepped = time.process_time()
             envs.step(agent_output["action"][0].numpy())
-            env_s, inference_s = env_s + time.perf_counter() - stepped, inference_s + stepped - started
+            env_s, inference_s = env_s + time.process_time() - stepped, inference_s + stepped - started
             write_row(t, idx)
         conn.send_bytes(_encode_full(idx.tolist(), env_s, inference_s))
 
