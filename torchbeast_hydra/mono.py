@@ -62,8 +62,8 @@ def _decode(message: bytes) -> list:
 
 
 def _encode_full(indices, env_s: float, inference_s: float) -> bytes:
-    """An actor's report: the buffers it filled, then the seconds it spent stepping envs and in the
-    policy while filling them (the per-step costs that benchmarks/throughput.py prints)."""
+    """An actor's report: the CPU seconds it spent stepping envs and in the policy while filling
+    these buffers (per-step costs for logs.csv and benchmarks/throughput.py), then the buffers."""
     return np.asarray([env_s, inference_s], np.float64).tobytes() + _encode(indices)
 
 
