@@ -91,6 +91,28 @@ def test_one_core_costs_time_the_models_forward_and_a_learner_update(throughput,
     assert all(us > 0 for us in costs.values())
 
 
+def test_random_actions_fit_each_kind_of_action_space(throughput):
+    import gymnasium as gym
+    import numpy as np
+
+    from torchbeast_hydra.actions import action_spec
+
+    spaces = [
+        gym.spaces.Discrete(5),
+        gym.spaces.MultiDiscrete([3, 4]),
+        gym.spaces.MultiBinary(3),
+        gym.spaces.Box(-2.0, 1.0, (2,), np.float32),
+    ]
+    for space in spaces:
+        spec = action_spec(space, "Test-v0")
+        actions = throughput.random_actions(spec, 200)
+        assert actions.shape == (200, *spec.step_shape), space
+        if spec.kind == "box":
+            assert actions.min() >= -2.0 and actions.max() <= 1.0
+        else:  # the policy's side: choice indices from 0
+            assert actions.min() == 0 and (actions < np.asarray(spec.nvec or (2,) * spec.size)).all()
+
+
 def test_overrides_replace_the_benchmarks_defaults_of_the_same_key(throughput):
     overrides = throughput.with_defaults(["env=nethack", "batch_size=32", "backend=poly"])
     assert "env=pong" not in overrides and "batch_size=8" not in overrides
