@@ -119,6 +119,8 @@ def test_code_images_embed_each_channels_code_rather_than_scale_pixels():
     assert not torch.equal(features[1], body({"obs/image": swapped, "obs/direction": direction})[1])
     with pytest.raises(ValueError, match=r"model.code_images names \['obs/mission'\]"):
         MultiBody(spaces, code_images=["obs/mission"])
+    with pytest.raises(ValueError, match=r"takes image leaves .*\['obs/direction'\] are not"):
+        MultiBody(spaces, code_images=["obs/direction"])
 
 
 def test_a_single_array_body_is_refused_for_structured_observations_with_a_hint():

@@ -146,10 +146,14 @@ class DiscreteEncoder(nn.Module):
         return self.embedding(ids).reshape(len(x), -1)
 
 
+def _is_image(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Box) and len(space.shape) in (2, 3) and min(space.shape[:2]) >= 3
+
+
 def leaf_encoder(space: gym.Space, embedding_dim: int, conv_channels, codes: bool = False) -> nn.Module:
     if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
         return DiscreteEncoder(space, embedding_dim)
-    if isinstance(space, gym.spaces.Box) and len(space.shape) in (2, 3) and min(space.shape[:2]) >= 3:
+    if _is_image(space):
         return CodeImageEncoder(space, embedding_dim, conv_channels) if codes else ImageEncoder(space, conv_channels)
     return VectorEncoder(space)
 
@@ -163,6 +167,9 @@ class MultiBody(Body):
         unknown = [key for key in code_images if key not in spaces]
         if unknown:
             raise ValueError(f"model.code_images names {unknown}, not leaves of this env's observation: {list(spaces)}")
+        not_images = [key for key in code_images if not _is_image(spaces[key])]
+        if not_images:
+            raise ValueError(f"model.code_images takes image leaves (2-D or 3-D Boxes); {not_images} are not")
         self.keys = list(spaces)
         # ModuleDict keys cannot hold "/" or "."; the leaves keep their order.
         self.encoders = nn.ModuleList(
