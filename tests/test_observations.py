@@ -121,6 +121,9 @@ def test_code_images_embed_each_channels_code_rather_than_scale_pixels():
         MultiBody(spaces, code_images=["obs/mission"])
     with pytest.raises(ValueError, match=r"takes image leaves .*\['obs/direction'\] are not"):
         MultiBody(spaces, code_images=["obs/direction"])
+    for code_images in ([], ["obs/image"]):  # no convs at all: the (embedded) cells, flattened
+        flat = MultiBody(spaces, conv_channels=(), code_images=code_images)
+        assert flat({"obs/image": image, "obs/direction": direction}).shape == (2, 256)
 
 
 def test_a_single_array_body_is_refused_for_structured_observations_with_a_hint():

@@ -78,13 +78,13 @@ def _image_layout(shape: tuple) -> tuple:
 def _conv_net(in_channels: int, hw: tuple, channels) -> tuple:
     """3x3 ReLU convs (stride 2 for images larger than 16x16), flattened; and their output size."""
     stride = 2 if min(hw) > 16 else 1
-    layers = []
+    layers, size = [], in_channels
     for out in channels:
-        layers += [nn.Conv2d(in_channels, out, 3, stride=stride, padding=1), nn.ReLU()]
-        in_channels = out
+        layers += [nn.Conv2d(size, out, 3, stride=stride, padding=1), nn.ReLU()]
+        size = out
     convs = nn.Sequential(*layers, nn.Flatten())
     with torch.no_grad():
-        return convs, convs(torch.zeros(1, layers[0].in_channels, *hw)).shape[1]
+        return convs, convs(torch.zeros(1, in_channels, *hw)).shape[1]
 
 
 def _channels_first(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
