@@ -58,7 +58,7 @@ from hydra import compose, initialize_config_dir
 from torchbeast_hydra import memory
 from torchbeast_hydra.__main__ import CONFIG_DIR
 from torchbeast_hydra.envs import probe_env
-from torchbeast_hydra.layout import rollout_specs
+from torchbeast_hydra.layout import zero_rollouts
 from torchbeast_hydra.learner import Learner
 from torchbeast_hydra.models import make_model
 with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
@@ -67,8 +67,7 @@ spec = probe_env(cfg.env)
 model = make_model(cfg.model, spec)
 learner = Learner(cfg, model, torch.device("cpu"))
 T, B = cfg.unroll_length, cfg.batch_size
-batch = {k: torch.zeros((T + 1, B, *s), dtype=d) for k, (s, d) in rollout_specs(spec).items()}
-batch["mask"].fill_(True)
+batch = zero_rollouts(spec, T, B)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 learner.update(batch, model.initial_state(B))
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before

@@ -133,7 +133,7 @@ def one_core_costs(cfg, inference_batch: int, repeats: int = 5) -> dict:
     import torch
 
     from torchbeast_hydra.envs import probe_env
-    from torchbeast_hydra.layout import rollout_specs
+    from torchbeast_hydra.layout import zero_rollouts
     from torchbeast_hydra.learner import Learner
     from torchbeast_hydra.models import make_model
 
@@ -143,8 +143,7 @@ def one_core_costs(cfg, inference_batch: int, repeats: int = 5) -> dict:
         spec = probe_env(cfg.env)
         model = make_model(cfg.model, spec)
         T, B = cfg.unroll_length, cfg.batch_size
-        batch = {k: torch.zeros((T + 1, B, *s), dtype=d) for k, (s, d) in rollout_specs(spec).items()}
-        batch["mask"].fill_(True)
+        batch = zero_rollouts(spec, T, B)
         step = {k: v[:1, :1].expand(1, inference_batch, *v.shape[2:]).contiguous() for k, v in batch.items()}
         learner = Learner(cfg, model, torch.device("cpu"))
 

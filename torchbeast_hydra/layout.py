@@ -95,3 +95,16 @@ def rollout_specs(spec) -> dict:
     return {
         key: (shape, torch.from_numpy(np.zeros(0, dtype)).dtype) for key, (shape, dtype) in numpy_specs(spec).items()
     }
+
+
+def zero_rollouts(spec, unroll_length: int, count: int) -> dict:
+    """Zeroed tensors [T+1, count, ...] for every rollout key, each unroll marked whole (mask):
+    mono's buffers before their share_memory_(), and the batches benchmarks time or size."""
+    import torch
+
+    rollouts = {
+        key: torch.zeros((unroll_length + 1, count, *shape), dtype=dtype)
+        for key, (shape, dtype) in rollout_specs(spec).items()
+    }
+    rollouts["mask"].fill_(True)
+    return rollouts

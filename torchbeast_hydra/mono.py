@@ -28,7 +28,7 @@ from .actions import ActionError
 from .config import num_buffers
 from .distributions import NonFiniteAction
 from .envs import Environments, EnvSpec
-from .layout import AGENT_KEYS, env_keys, rollout_specs
+from .layout import AGENT_KEYS, env_keys, zero_rollouts
 from .metrics import measured
 from .models import make_model
 from .seeding import actor_seed
@@ -40,12 +40,9 @@ NONFINITE_ACTION = 5  # an actor's exit code: its policy produced a NaN/inf acti
 
 
 def create_buffers(spec: EnvSpec, unroll_length: int, count: int) -> dict:
-    """Shared-memory tensors [T+1, count, ...]: indexing dim 1 gathers a time-major batch."""
-    buffers = {}
-    for key, (shape, dtype) in rollout_specs(spec).items():
-        buffers[key] = torch.zeros((unroll_length + 1, count, *shape), dtype=dtype).share_memory_()
-    buffers["mask"].fill_(True)  # mono unrolls are always complete
-    return buffers
+    """Shared-memory tensors [T+1, count, ...]: indexing dim 1 gathers a time-major batch. Mono's
+    unrolls are always whole: the mask stays set."""
+    return {key: buffer.share_memory_() for key, buffer in zero_rollouts(spec, unroll_length, count).items()}
 
 
 def create_state_buffers(model, count: int) -> tuple:
