@@ -119,10 +119,9 @@ def random_actions(spec, count: int) -> np.ndarray:
 
 def acting_batch(cfg) -> int:
     """The envs one mono actor evaluates its policy on at once (auto-sized as the run sizes them)."""
-    from torchbeast_hydra.config import resolve_auto
+    from torchbeast_hydra.config import auto_actors, usable_cores
 
-    resolve_auto(cfg)
-    return cfg.backend.envs_per_actor
+    return cfg.backend.envs_per_actor or auto_actors(cfg.backend.name, usable_cores())[1]
 
 
 def one_core_costs(cfg, inference_batch: int, repeats: int = 5) -> dict:
@@ -197,15 +196,13 @@ def breakdown(rows: list, raw_env_sps: float) -> dict:
 
 def train_mode(args) -> None:
     cores = os.cpu_count() or 1
-    overrides = with_defaults(args.overrides)
-    env_cfg = composed(overrides).env
     print(f"machine: {platform_line()}")
-    print(f"config:  {' '.join(overrides)}")
+    print(f"config:  {' '.join(with_defaults(args.overrides))}")
     for backend in args.backends or [None]:
-        raw = env_steps_per_second(env_cfg)  # just before each run: the machine as it is now
-        backend_override = [f"backend={backend}"] if backend else []
-        cfg = composed(with_defaults([*backend_override, *args.overrides]))
-        run = measure([*backend_override, *args.overrides], args.warmup, args.seconds)
+        overrides = [f"backend={backend}", *args.overrides] if backend else args.overrides
+        cfg = composed(with_defaults(overrides))
+        raw = env_steps_per_second(cfg.env)  # just before each run: the machine as it is now
+        run = measure(overrides, args.warmup, args.seconds)
         name = backend or "training"
         if run.sps is None:
             sys.exit(
@@ -217,7 +214,7 @@ def train_mode(args) -> None:
             f"\n{name}: {run.sps:,.0f} steps/s over {elapsed:.0f} s after {args.warmup:g} s warm-up "
             f"({run.last_step:,} steps in {run.wall:.0f} s wall, exit {run.rc})\n"
             f"  {run.sps / cores:,.0f} steps/s per core, efficiency {run.sps / (cores * raw):.2f} "
-            f"(raw env {raw:,.0f} steps/s: {env_cfg.id}, one env, one core, random actions)\n"
+            f"(raw env {raw:,.0f} steps/s: {cfg.env.id}, one env, one core, random actions)\n"
             f"  GPU {run.gpu}; peak memory {run.peak / 2**20:,.0f} MiB (PSS, whole process tree)",
             flush=True,
         )

@@ -84,8 +84,9 @@ def test_one_core_costs_time_the_models_forward_and_a_learner_update(throughput,
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     from _common import composed
 
-    cfg = composed(["experiment=cartpole", "batch_size=4", "unroll_length=8"])
-    assert throughput.acting_batch(cfg.copy()) >= 1  # auto-sized as the run sizes it
+    cfg = composed(["env=cartpole", "batch_size=4", "unroll_length=8"])
+    assert throughput.acting_batch(cfg) >= 1 and cfg.backend.envs_per_actor == 0  # auto-sized, as the run sizes it
+    assert throughput.acting_batch(composed(["env=cartpole", "backend.envs_per_actor=3"])) == 3
     costs = throughput.one_core_costs(cfg, inference_batch=4, repeats=2)
     assert list(costs) == ["inference (one core, batch 4)", "learner update (one core)"]
     assert all(us > 0 for us in costs.values())
