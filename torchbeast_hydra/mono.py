@@ -58,13 +58,13 @@ def _decode(message: bytes) -> list:
     return np.frombuffer(message, np.int32).tolist()
 
 
-def _encode_full(indices, env_s: float, inference_s: float) -> bytes:
+def _encode_report(indices, env_s: float, inference_s: float) -> bytes:
     """An actor's report: the CPU seconds it spent stepping envs and in the policy while filling
     these buffers (per-step costs for logs.csv and benchmarks/throughput.py), then the buffers."""
     return np.asarray([env_s, inference_s], np.float64).tobytes() + _encode(indices)
 
 
-def _decode_full(message: bytes) -> tuple:
+def _decode_report(message: bytes) -> tuple:
     env_s, inference_s = np.frombuffer(message[:16], np.float64)
     return _decode(message[16:]), float(env_s), float(inference_s)
 
@@ -111,7 +111,7 @@ class BufferPool:
         for conn in connection.wait(list(self.conns.values()), timeout):
             index = next(i for i, c in self.conns.items() if c is conn)
             try:
-                indices, env_s, inference_s = _decode_full(conn.recv_bytes())
+                indices, env_s, inference_s = _decode_report(conn.recv_bytes())
             except (EOFError, OSError):
                 broken.append(index)
                 continue
@@ -201,7 +201,7 @@ def _act(envs, unroll_length, model, buffers, state_buffers, conn) -> None:
             envs.step(agent_output["action"][0].numpy())
             env_s, inference_s = env_s + time.process_time() - stepped, inference_s + stepped - started
             write_row(t, idx)
-        conn.send_bytes(_encode_full(idx.tolist(), env_s, inference_s))
+        conn.send_bytes(_encode_report(idx.tolist(), env_s, inference_s))
 
 
 def gather(buffers: torch.Tensor, idx: torch.Tensor, pin: bool) -> torch.Tensor:
