@@ -32,6 +32,18 @@ def test_unknown_env_id_suggests_close_matches():
         probe_env(EnvConfig(id="NoSuchEnvironment-v0"))
 
 
+def test_a_family_id_without_its_env_option_names_the_option():
+    # The first try: a MiniGrid id on the default env, whose imports do not register it.
+    with pytest.raises(ConfigError, match=r"env=minigrid's ids.*env=minigrid env.id=MiniGrid-NoSuchTask-v0"):
+        probe_env(EnvConfig(id="MiniGrid-NoSuchTask-v0"))
+    with pytest.raises(ConfigError, match=r"env=nethack env.id=NetHackNoSuchTask-v0 .*pip install \"\.\[nethack\]\""):
+        probe_env(EnvConfig(id="NetHackNoSuchTask-v0"))
+    pytest.importorskip("minigrid")
+    # With the family's module imported, an unknown id of it gets the usual close matches.
+    with pytest.raises(ConfigError, match="Did you mean MiniGrid-DoorKey-6x6-v0"):
+        probe_env(EnvConfig(id="MiniGrid-DoorKey-6x7-v0", imports=["minigrid"]))
+
+
 def test_bounded_box_actions_are_accepted_and_clipped_at_the_env():
     spec = probe_env(EnvConfig(id="Pendulum-v1"))
     assert spec.actions.kind == "box" and spec.actions.step_shape == (1,) and spec.actions.high == (2.0,)

@@ -48,6 +48,9 @@ _register_ale()
 
 # The env families this package offers an extra for: the module that registers them -> the extra.
 EXTRAS = dict(nle="nethack", minihack="minihack", minigrid="minigrid")
+# Their ids' prefixes -> the module that registers them: typed without the env option
+# (env.id=MiniGrid-DoorKey-6x6-v0 on the default env=pong), such an id is not registered yet.
+FAMILY_PREFIXES = {"MiniGrid-": "minigrid", "BabyAI-": "minigrid", "MiniHack-": "minihack", "NetHack": "nle"}
 
 
 def import_modules(modules, what: str = "env.imports") -> None:
@@ -77,7 +80,7 @@ def find_spec(env_id: str, imports=()) -> gym.envs.registration.EnvSpec:
     try:
         return gym.spec(name)
     except gym.error.Error as error:
-        raise _unknown_env_error(name, error) from None
+        raise _unknown_env_error(name, error, imports) from None
 
 
 def is_atari(env_id: str, imports=()) -> bool:
@@ -88,7 +91,15 @@ def _is_ale(spec: gym.envs.registration.EnvSpec) -> bool:
     return isinstance(spec.entry_point, str) and spec.entry_point.startswith("ale_py")
 
 
-def _unknown_env_error(env_id: str, error: Exception) -> ConfigError:
+def _unknown_env_error(env_id: str, error: Exception, imports=()) -> ConfigError:
+    for prefix, module in FAMILY_PREFIXES.items():
+        if env_id.startswith(prefix) and module not in imports:
+            option = EXTRAS[module]  # each family's env option is named after its extra
+            return ConfigError(
+                f"env.id={env_id!r} is one of env={option}'s ids; that option registers them and brings "
+                f"their model: python -m torchbeast_hydra env={option} env.id={env_id} "
+                f'(after pip install ".[{option}]").'
+            )
     close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     return ConfigError(
