@@ -5,6 +5,7 @@ import threading
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -12,7 +13,7 @@ from omegaconf import OmegaConf
 
 from torchbeast_hydra.actions import ActionSpec
 from torchbeast_hydra.config import VtraceConfig
-from torchbeast_hydra.envs import EnvSpec
+from torchbeast_hydra.envs import EnvSpec, Leaf
 from torchbeast_hydra.layout import rollout_specs
 from torchbeast_hydra.learner import compute_losses
 from torchbeast_hydra.poly import wire
@@ -66,6 +67,29 @@ def test_array_with_wrong_dtype_shape_or_size_is_rejected(dtype, shape, data, re
         message.data = data
     with pytest.raises(wire.WireError, match=reason.replace("[", r"\[").replace("]", r"\]")):
         wire.decode_array(message, "frame", "uint8", (2, 3, 4))
+
+
+def test_an_array_in_foreign_byte_order_travels_as_its_values():
+    array = np.arange(6, dtype=">i4").reshape(2, 3)  # an env may hand out big-endian arrays
+    message = wire.Array.FromString(wire.encode_array(array).SerializeToString())
+    np.testing.assert_array_equal(wire.decode_array(message, "obs/x", "int32", (2, 3)), array)
+
+
+def test_bool_bytes_other_than_0_and_1_are_rejected():
+    message = wire.encode_array(np.zeros(2, bool))
+    message.data = bytes([1, 7])
+    with pytest.raises(wire.WireError, match="done: bool bytes must be 0 or 1"):
+        wire.decode_array(message, "done", "bool", (2,))
+
+
+def test_a_leaf_of_a_subclassed_space_is_checked_as_its_base_space():
+    class Cells(gym.spaces.Discrete):  # a user's env may subclass gymnasium's spaces
+        pass
+
+    leaf = Leaf("obs/cell", ("cell",), Cells(3))
+    wire.check_leaf(leaf, np.array([0, 2]))
+    with pytest.raises(wire.WireError, match=r"obs/cell is outside Discrete\(3\) for envs \[1\]"):
+        wire.check_leaf(leaf, np.array([0, 3]))
 
 
 def env_outputs(n=2, last_action=0, reward=0.0):

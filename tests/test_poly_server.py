@@ -209,6 +209,13 @@ def without(key) -> dict:
     return outputs
 
 
+def sent_twice(key: str) -> bytes:
+    """A good step with one leaf's array sent a second time."""
+    message = wire.parse(wire.ClientMessage, wire.encode_step(structured_outputs(), STRUCTURED.obs_keys))
+    message.step.obs.add().CopyFrom(next(array for array in message.step.obs if array.name == key))
+    return message.SerializeToString()
+
+
 BAD_LEAVES = {
     "missing": (wire.encode_step(without("obs/speed"), STRUCTURED.obs_keys[:-1]), "missing ['obs/speed']"),
     "extra": (
@@ -236,6 +243,14 @@ BAD_LEAVES = {
         wire.encode_step(with_leaf("obs/inner/0", np.array([[0, 1, 1], [0, 2, 0]], np.int8)), STRUCTURED.obs_keys),
         "obs/inner/0 has values other than 0 and 1 for envs [1]",
     ),
+    "integer box": (  # ids that index an embedding (NetHack's glyphs): a bad one would stop the learner
+        wire.encode_step(
+            with_leaf("obs/glyphs", np.array([[[0, 1, 2], [3, 4, 5]], [[0, 0, 0], [0, 101, 0]]], np.int16)),
+            STRUCTURED.obs_keys,
+        ),
+        "obs/glyphs is outside Box(0, 100, (2, 3), int16) for envs [1]",
+    ),
+    "sent twice": (sent_twice("obs/pos"), "sent twice ['obs/pos']"),
     "non-finite": (
         wire.encode_step(with_leaf("obs/speed", np.array([[0, np.nan], [0, 0]], np.float32)), STRUCTURED.obs_keys),
         "obs/speed has non-finite values (NaN/inf) for envs [0]",

@@ -190,6 +190,18 @@ class Leaf:
     def dtype(self) -> np.dtype:
         return np.dtype(self.space.dtype)
 
+    @cached_property
+    def integer_bounds(self) -> tuple | None:
+        """(low, high) of an integer Box narrower than its dtype, such as NetHack's glyph ids, which
+        index an embedding; None where every value of the dtype is in range (Atari's uint8 frames)."""
+        space = self.space
+        if not isinstance(space, gym.spaces.Box) or self.dtype.kind not in "iu":
+            return None
+        info = np.iinfo(self.dtype)
+        if (space.low <= info.min).all() and (space.high >= info.max).all():
+            return None
+        return space.low, space.high
+
     def of(self, obs):
         """This leaf's value in one observation of the env."""
         for part in self.path:

@@ -137,23 +137,26 @@ def channel_options(max_message_bytes: int) -> list:
 
 def encode_array(array: np.ndarray, message=None):
     message = Array() if message is None else message
-    message.data = np.ascontiguousarray(array).tobytes()
+    # In native byte order: the dtype's name does not carry it (an env may return big-endian arrays).
+    array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
+    message.data = array.tobytes()
     message.dtype = array.dtype.name
     message.shape[:] = array.shape
     return message
 
 
 def decode_array(message, name: str, dtype: str, shape: tuple) -> np.ndarray:
-    """The array in message, which must have exactly this dtype and shape.
-
-    A read-only view of the message's bytes, not a copy: every frame is copied into the unrolls
-    anyway, and a copy per step is what a fast server cannot afford.
+    """The array in message, which must have exactly this dtype and shape: a read-only array over
+    the bytes the message hands out, with no further copy (the unrolls copy every frame anyway).
     """
     if message.dtype != dtype or tuple(message.shape) != tuple(shape):
         raise WireError(f"{name}: expected {dtype} {list(shape)}, got {message.dtype or '?'} {list(message.shape)}")
     data = message.data
     if len(data) != math.prod(shape) * np.dtype(dtype).itemsize:
         raise WireError(f"{name}: {len(data)} bytes do not make a {dtype} array of shape {list(shape)}")
+    # numpy and torch take any nonzero byte as a bool but leave it as it is, which later ops need not handle.
+    if dtype == "bool" and data and np.frombuffer(data, np.uint8).max() > 1:
+        raise WireError(f"{name}: bool bytes must be 0 or 1")
     return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
@@ -227,10 +230,12 @@ def _decode_obs(step, num_envs: int, spec) -> dict:
     if step.HasField(FRAME):
         raise WireError("extra observation leaf frame: this env's observation has leaves, sent in Step.obs")
     sent = {array.name: array for array in step.obs}
+    names = [array.name for array in step.obs]
     missing, extra = [k for k in spec.obs_keys if k not in sent], [k for k in sent if k not in spec.obs_keys]
-    if missing or extra or len(sent) != len(step.obs):
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if missing or extra or twice:
         raise WireError(
-            f"observation leaves: missing {missing}, extra {extra}, sent {[a.name for a in step.obs]} "
+            f"observation leaves: missing {missing}, extra {extra}, sent twice {twice} "
             f"(this env's: {list(spec.obs_keys)})"
         )
     return {
@@ -241,19 +246,32 @@ def _decode_obs(step, num_envs: int, spec) -> dict:
 
 def check_leaf(leaf, array: np.ndarray) -> np.ndarray:
     """array [num_envs, ...] if its values fit the leaf's space (envs.Leaf); WireError naming the leaf if not."""
-    space, kind = leaf.space, type(leaf.space).__name__
-    if kind == "Box":
-        if array.dtype.kind in "fc" and not np.isfinite(array).all():
+    space, kind = leaf.space, _space_kind(leaf.space)
+    if kind == "Box" and array.dtype.kind in "fc":
+        # Finite only, not within bounds: envs' float observations often stray past their declared ones.
+        if not np.isfinite(array).all():
             raise WireError(f"{leaf.key} has non-finite values (NaN/inf) for envs {_bad_rows(np.isfinite(array))}")
+    elif kind == "Box" and leaf.integer_bounds is not None:  # ids that index an embedding: in range or refused
+        low, high = leaf.integer_bounds
+        _check_inside(leaf.key, space, (array >= low) & (array <= high))
     elif kind in ("Discrete", "MultiDiscrete"):
         low = np.asarray(space.start)
         high = low + (space.n if kind == "Discrete" else space.nvec)
-        inside = (array >= low) & (array < high)
-        if not inside.all():
-            raise WireError(f"{leaf.key} is outside {space} for envs {_bad_rows(inside)}")
+        _check_inside(leaf.key, space, (array >= low) & (array < high))
     elif kind == "MultiBinary" and not ((array == 0) | (array == 1)).all():
         raise WireError(f"{leaf.key} has values other than 0 and 1 for envs {_bad_rows((array == 0) | (array == 1))}")
     return array
+
+
+def _space_kind(space) -> str:
+    """The array space a space is or derives from, by class name (this module imports no gymnasium)."""
+    names = {cls.__name__ for cls in type(space).__mro__}
+    return next((kind for kind in ("Box", "Discrete", "MultiDiscrete", "MultiBinary") if kind in names), "")
+
+
+def _check_inside(key: str, space, inside: np.ndarray) -> None:
+    if not inside.all():
+        raise WireError(f"{key} is outside {space} for envs {_bad_rows(inside)}")
 
 
 def _bad_rows(good: np.ndarray) -> list:
