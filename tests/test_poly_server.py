@@ -2,6 +2,7 @@
 send non-finite frames or observation leaves that do not fit the env's spaces, go silent, or come
 when it is full."""
 
+import itertools
 import logging
 import queue
 import threading
@@ -161,6 +162,22 @@ def test_silent_clients_are_dropped_so_new_ones_get_their_slots(served, caplog):
     newcomer = RawClient(port)
     assert newcomer.send(hello()) == "welcome" and newcomer.send(step()) == "actions"
     newcomer.close()
+
+
+def test_a_client_that_sends_but_stops_reading_is_dropped_too(served):
+    pool, port, _ = served
+    # Without BDP probing the client's receive window stays small, so unread replies soon fill it
+    # and the server's send blocks: the slot must not stay taken by a stream that looks alive.
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.http2.bdp_probe", 0)])
+    connect = channel.stream_stream(wire.CONNECT, request_serializer=None, response_deserializer=None)
+    requests = itertools.chain([hello(num_envs=4)], itertools.repeat(step(num_envs=4)))  # until the server stalls
+    responses = connect(requests, metadata=((wire.TOKEN_METADATA_KEY, TOKEN),))
+    deadline = time.monotonic() + 60
+    while not pool.dropped and time.monotonic() < deadline:
+        time.sleep(0.05)
+    responses.cancel()
+    channel.close()
+    assert pool.dropped == 1
 
 
 def test_a_client_that_never_says_hello_is_dropped_too(served):

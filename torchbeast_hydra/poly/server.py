@@ -141,6 +141,7 @@ class ActorPool:
                 self.connected += 1
             log.info("Client %d connected from %s with %d envs.", client_id, peer, hello.num_envs)
             seed = actor_seed(self.settings.seed, client_id, self.settings.max_envs_per_client)
+            stream.replying()
             yield wire.ServerMessage(welcome=wire.Welcome(client_id=client_id, seed=seed))
             while (raw := stream.receive(requests)) is not None:
                 if self.stopping.is_set():
@@ -155,6 +156,7 @@ class ActorPool:
                 message = wire.ServerMessage()
                 wire.encode_array(actions, message.actions)
                 self._count_step(time.thread_time() - started, hello.num_envs)
+                stream.replying()
                 yield message
             else:
                 return  # the client closed its stream
@@ -298,11 +300,15 @@ class Stream:
 
     def receive(self, requests) -> bytes | None:
         """The next message, or None when the client closed the stream."""
-        self.waiting_since = time.monotonic()
         try:
             return next(requests, None)
         finally:
             self.waiting_since = float("inf")  # busy on our side: not the client's silence
+
+    def replying(self) -> None:
+        """From here to its next message the stream waits on the client: to take our reply (gRPC's
+        send blocks while a client that stops reading has its window full), then to answer it."""
+        self.waiting_since = time.monotonic()
 
     def drop(self) -> None:
         self.dropped = True
