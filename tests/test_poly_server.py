@@ -18,7 +18,7 @@ from torchbeast_hydra import layout
 from torchbeast_hydra.envs import EnvSpec, observation_leaves
 from torchbeast_hydra.poly import wire
 from torchbeast_hydra.poly.batcher import DynamicBatcher
-from torchbeast_hydra.poly.server import ActorPool, ServerSettings, make_server
+from torchbeast_hydra.poly.server import MAX_DETAILS, ActorPool, ServerSettings, make_server
 
 TOKEN = "server-token"
 SPEC = EnvSpec.box((3,), np.dtype(np.float32), 2)
@@ -304,3 +304,17 @@ def test_a_client_whose_leaves_differ_from_the_learners_is_refused_at_hello(serv
     client.close()
     assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "obs/glyphs: int16 [2, 3]}" in error.details() and "obs/pos: int64 []" in error.details()
+
+
+def test_a_refusal_quoting_the_client_is_one_line_of_bounded_length(served, caplog):
+    pool, port, _ = served
+    message = wire.parse(wire.ClientMessage, hello(spec=STRUCTURED))  # leaves the learner's env lacks
+    message.hello.env_id = "Fake-v0\nERROR forged log line " * 10_000
+    client = RawClient(port)
+    client.outgoing.put(message.SerializeToString())
+    error = client.error()
+    client.close()
+    assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+    details = error.details()
+    assert details.startswith("the client's env Fake-v0\\nERROR") and "\n" not in details
+    assert len(details) <= MAX_DETAILS and details.endswith("...") and pool.rejected == 1

@@ -118,8 +118,10 @@ def check(spec: ActionSpec, actions: np.ndarray, what: str = "actions") -> None:
             raise ActionError(f"{what} are not finite (NaN/inf) for envs {rows.tolist()}")
         return
     nvec = np.asarray(spec.nvec).reshape(spec.step_shape)
-    if ((actions < 0) | (actions >= nvec)).any():
-        raise ActionError(f"{what} {actions.tolist()} outside the action space {spec.describe()}")
+    inside = ((actions >= 0) & (actions < nvec)).reshape(len(actions), -1).all(axis=1)
+    if not inside.all():  # the rows, not the values: a client's 256 envs would make a text too long to send
+        rows = np.flatnonzero(~inside).tolist()
+        raise ActionError(f"{what} outside the action space {spec.describe()} for envs {rows}")
 
 
 def to_env(spec: ActionSpec):

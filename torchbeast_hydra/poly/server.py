@@ -49,10 +49,17 @@ class InferenceFailed(RuntimeError):
     if the learner stopped, which it does (the batcher's owner hears of the error, batcher.py)."""
 
 
+MAX_DETAILS = 2000  # characters of a refusal's text: it may quote what the client sent
+
+
 class Refused(Exception):
     """A client the server will not serve; carries the gRPC status to end its stream with."""
 
     def __init__(self, code: grpc.StatusCode, details: str):
+        # One line, of bounded length: gRPC's trailers are small, and a client's strings are its own to choose.
+        details = details.encode("unicode_escape").decode("ascii")
+        if len(details) > MAX_DETAILS:
+            details = details[: MAX_DETAILS - 3] + "..."
         super().__init__(details)
         self.code, self.details = code, details
 
