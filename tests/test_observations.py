@@ -186,3 +186,40 @@ def test_a_structured_env_trains_checkpoints_and_refuses_a_changed_space_on_resu
     )
     assert result.returncode != 0
     assert "observation differs at leaf obs/position" in result.stdout + result.stderr
+
+
+def test_multi_body_picks_encoders_by_each_leafs_space_at_its_edges():
+    spaces = {
+        "obs/one": gym.spaces.MultiDiscrete([5]),
+        "obs/grid": gym.spaces.MultiDiscrete([[2, 3], [4, 5]], start=[[1, 0], [0, 2]]),
+        "obs/depth": gym.spaces.Box(0.0, 1.0, (1, 84, 84), np.float32),  # channels first, one channel
+        "obs/pair": gym.spaces.Box(0, 255, (2, 10, 10), np.uint8),
+        "obs/stats": gym.spaces.Box(-(2**31), 2**31 - 1, (3,), np.int64),  # NLE's bounds: no real range
+        "obs/far": gym.spaces.Box(-np.finfo(np.float32).max, np.finfo(np.float32).max, (2,), np.float32),
+    }
+    body = MultiBody(spaces)
+    encoders = dict(zip(body.keys, body.encoders))
+    assert [type(encoders[k]).__name__ for k in body.keys] == [
+        "DiscreteEncoder",
+        "DiscreteEncoder",
+        "ImageEncoder",
+        "ImageEncoder",
+        "VectorEncoder",
+        "VectorEncoder",
+    ]
+    # Each entry of a 2-D MultiDiscrete has its own rows of the table, from its own start.
+    grid = encoders["obs/grid"](torch.tensor([[[1, 0], [0, 2]], [[2, 2], [3, 6]]]))
+    assert grid.shape == (2, 4 * 16) and not torch.equal(grid[0], grid[1])
+    assert encoders["obs/one"](torch.tensor([[0], [4]])).shape == (2, 16)
+    # Counters far inside huge bounds stay apart (scaled by int32's range they were all 0.5).
+    stats = encoders["obs/stats"](torch.tensor([[0, 5, 1000], [0, 6, 2000]]))
+    assert stats[0, 0] == 0 and stats[0, 1] < stats[1, 1] < stats[0, 2] < stats[1, 2]
+    assert torch.isfinite(encoders["obs/far"](torch.tensor([[1e30, -3.0]]))).all()
+
+
+def test_nethack_body_needs_the_whole_map_to_crop_from():
+    crop_only = dict(NETHACK_SPACES, **{"obs/glyphs": gym.spaces.Box(0, 5976, (9, 9), np.int16)})
+    with pytest.raises(ValueError, match=r"must be the whole 21x79 map, not \[9, 9\]"):
+        NetHackBody(crop_only)
+    with pytest.raises(ValueError, match="needs conv_channels"):
+        NetHackBody(NETHACK_SPACES, conv_channels=())

@@ -31,16 +31,31 @@ def _leaf_spaces(obs_shape, model: str) -> dict:
     return obs_shape
 
 
+# Bounds farther apart than this describe no real range (NLE's stats declare int32's, many envs
+# float32's largest): scaled by them, every value would come out the same.
+MAX_SCALED_RANGE = 1e4
+
+
 def _bounds(space: gym.spaces.Box):
-    """(low, high) as tensors of the leaf's shape when every bound is finite, else None."""
+    """(low, high - low) as tensors of the leaf's shape when every bound is finite and the range
+    at most MAX_SCALED_RANGE, else None."""
     low, high = np.asarray(space.low, np.float64), np.asarray(space.high, np.float64)
     if not (np.isfinite(low).all() and np.isfinite(high).all()) or (high <= low).any():
+        return None
+    if (high - low > MAX_SCALED_RANGE).any():
         return None
     return torch.as_tensor(low, dtype=torch.float32), torch.as_tensor(high - low, dtype=torch.float32)
 
 
+def symlog(x: torch.Tensor) -> torch.Tensor:
+    """sign(x) log(1 + |x|): near x for small values, so that large counters (gold, turns, score)
+    do not dominate."""
+    return x.sign() * torch.log1p(x.abs())
+
+
 class BoxEncoder(nn.Module):
-    """A Box leaf, scaled to [0, 1] by its bounds where they are finite (uint8 images: / 255)."""
+    """A Box leaf, scaled to [0, 1] by its bounds where they give a range (uint8 images: / 255),
+    else squashed by symlog."""
 
     def __init__(self, space: gym.spaces.Box):
         super().__init__()
@@ -52,7 +67,7 @@ class BoxEncoder(nn.Module):
 
     def scale(self, x: torch.Tensor) -> torch.Tensor:
         x = x.float()
-        return (x - self.low) / self.range if self.scaled else x
+        return (x - self.low) / self.range if self.scaled else symlog(x)
 
 
 class VectorEncoder(BoxEncoder):
@@ -132,7 +147,7 @@ class DiscreteEncoder(nn.Module):
     def __init__(self, space: gym.Space, embedding_dim: int):
         super().__init__()
         sizes = np.asarray([space.n] if isinstance(space, gym.spaces.Discrete) else space.nvec, np.int64).ravel()
-        starts = np.broadcast_to(np.asarray(space.start, np.int64), sizes.shape if sizes.size > 1 else ()).ravel()
+        starts = np.broadcast_to(np.asarray(space.start, np.int64).ravel(), sizes.shape)
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]) - starts
         self.register_buffer("offsets", torch.as_tensor(offsets), persistent=False)
         self.register_buffer("limit", torch.as_tensor(np.cumsum(sizes) - 1), persistent=False)
@@ -147,7 +162,10 @@ class DiscreteEncoder(nn.Module):
 
 
 def _is_image(space: gym.Space) -> bool:
-    return isinstance(space, gym.spaces.Box) and len(space.shape) in (2, 3) and min(space.shape[:2]) >= 3
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) not in (2, 3):
+        return False
+    _, _, hw = _image_layout(space.shape)
+    return min(hw) >= 3
 
 
 def leaf_encoder(space: gym.Space, embedding_dim: int, conv_channels, codes: bool = False) -> nn.Module:
@@ -197,6 +215,9 @@ def _conv_stack(in_channels: int, channels) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
+DUNGEON_SHAPE = (21, 79)  # NetHack's map, in rows and columns (nle.nethack.DUNGEON_SHAPE)
+
+
 class NetHackBody(Body):
     """NLE's baseline net: glyph embedding; convs over the full map and over a crop centred on the
     agent; an MLP over the bottom-line stats; two fully connected layers over all three."""
@@ -221,6 +242,13 @@ class NetHackBody(Body):
                     "(NLE/MiniHack: env.make_kwargs.observation_keys must include glyphs and blstats)."
                 )
         glyphs, blstats = spaces[glyphs_key], spaces[blstats_key]
+        if tuple(glyphs.shape) != DUNGEON_SHAPE:  # the crop is taken at the agent's map position
+            raise ValueError(
+                f"model=nethack crops {glyphs_key} around the agent's map position (blstats[0:2]), so it must "
+                f"be the whole {DUNGEON_SHAPE[0]}x{DUNGEON_SHAPE[1]} map, not {list(glyphs.shape)}."
+            )
+        if not conv_channels or crop_size < 1:
+            raise ValueError(f"model=nethack needs conv_channels (got {list(conv_channels)}) and crop_size >= 1.")
         self.glyphs_key, self.blstats_key, self.crop_size = glyphs_key, blstats_key, crop_size
         height, width = glyphs.shape
         self.embedding = nn.Embedding(int(np.max(glyphs.high)) + 1, embedding_dim)
@@ -249,7 +277,5 @@ class NetHackBody(Body):
         crop = self.crop(glyphs, blstats[:, 0].long(), blstats[:, 1].long())
         full = self.map_convs(self.embedding(glyphs).permute(0, 3, 1, 2)).flatten(1)
         near = self.crop_convs(self.embedding(crop).permute(0, 3, 1, 2)).flatten(1)
-        # Stats are counters of any size (gold, turns, score): squashed so none dominates.
-        stats = blstats.float()
-        stats = self.stats_mlp(stats.sign() * torch.log1p(stats.abs()))
+        stats = self.stats_mlp(symlog(blstats.float()))  # counters of any size: gold, turns, score
         return self.fc(torch.cat([full, near, stats], dim=-1))
