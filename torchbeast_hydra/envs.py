@@ -191,11 +191,21 @@ class Leaf:
         return np.dtype(self.space.dtype)
 
     @cached_property
+    def kind(self) -> str:
+        """The array space this leaf's space is or derives from (a user's env may subclass them):
+        "Box", "Discrete", "MultiBinary" or "MultiDiscrete"."""
+        return next(cls.__name__ for cls in ARRAY_SPACES if isinstance(self.space, cls))
+
+    @cached_property
     def integer_bounds(self) -> tuple | None:
-        """(low, high) of an integer Box narrower than its dtype, such as NetHack's glyph ids, which
-        index an embedding; None where every value of the dtype is in range (Atari's uint8 frames)."""
+        """(low, high), inclusive, of a Discrete or MultiDiscrete leaf, or of an integer Box narrower
+        than its dtype (NetHack's glyph ids): values that index an embedding. None where every value
+        of the dtype is in range (Atari's uint8 frames) or the leaf is not integer ids."""
         space = self.space
-        if not isinstance(space, gym.spaces.Box) or self.dtype.kind not in "iu":
+        if self.kind in ("Discrete", "MultiDiscrete"):
+            low = np.asarray(space.start)
+            return low, low + (space.n if self.kind == "Discrete" else space.nvec) - 1
+        if self.kind != "Box" or self.dtype.kind not in "iu":
             return None
         info = np.iinfo(self.dtype)
         if (space.low <= info.min).all() and (space.high >= info.max).all():

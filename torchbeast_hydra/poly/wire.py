@@ -230,10 +230,10 @@ def _decode_obs(step, num_envs: int, spec) -> dict:
     if step.HasField(FRAME):
         raise WireError("extra observation leaf frame: this env's observation has leaves, sent in Step.obs")
     sent = {array.name: array for array in step.obs}
-    names = [array.name for array in step.obs]
     missing, extra = [k for k in spec.obs_keys if k not in sent], [k for k in sent if k not in spec.obs_keys]
-    twice = sorted({name for name in names if names.count(name) > 1})
-    if missing or extra or twice:
+    if missing or extra or len(sent) != len(step.obs):
+        names = [array.name for array in step.obs]
+        twice = sorted({name for name in names if names.count(name) > 1})
         raise WireError(
             f"observation leaves: missing {missing}, extra {extra}, sent twice {twice} "
             f"(this env's: {list(spec.obs_keys)})"
@@ -246,32 +246,20 @@ def _decode_obs(step, num_envs: int, spec) -> dict:
 
 def check_leaf(leaf, array: np.ndarray) -> np.ndarray:
     """array [num_envs, ...] if its values fit the leaf's space (envs.Leaf); WireError naming the leaf if not."""
-    space, kind = leaf.space, _space_kind(leaf.space)
-    if kind == "Box" and array.dtype.kind in "fc":
+    if leaf.kind == "Box" and array.dtype.kind in "fc":
         # Finite only, not within bounds: envs' float observations often stray past their declared ones.
         if not np.isfinite(array).all():
             raise WireError(f"{leaf.key} has non-finite values (NaN/inf) for envs {_bad_rows(np.isfinite(array))}")
-    elif kind == "Box" and leaf.integer_bounds is not None:  # ids that index an embedding: in range or refused
+    elif leaf.kind == "MultiBinary":
+        binary = (array == 0) | (array == 1)
+        if not binary.all():
+            raise WireError(f"{leaf.key} has values other than 0 and 1 for envs {_bad_rows(binary)}")
+    elif leaf.integer_bounds is not None:  # ids that index an embedding: in range, or refused
         low, high = leaf.integer_bounds
-        _check_inside(leaf.key, space, (array >= low) & (array <= high))
-    elif kind in ("Discrete", "MultiDiscrete"):
-        low = np.asarray(space.start)
-        high = low + (space.n if kind == "Discrete" else space.nvec)
-        _check_inside(leaf.key, space, (array >= low) & (array < high))
-    elif kind == "MultiBinary" and not ((array == 0) | (array == 1)).all():
-        raise WireError(f"{leaf.key} has values other than 0 and 1 for envs {_bad_rows((array == 0) | (array == 1))}")
+        inside = (array >= low) & (array <= high)
+        if not inside.all():
+            raise WireError(f"{leaf.key} is outside {leaf.space} for envs {_bad_rows(inside)}")
     return array
-
-
-def _space_kind(space) -> str:
-    """The array space a space is or derives from, by class name (this module imports no gymnasium)."""
-    names = {cls.__name__ for cls in type(space).__mro__}
-    return next((kind for kind in ("Box", "Discrete", "MultiDiscrete", "MultiBinary") if kind in names), "")
-
-
-def _check_inside(key: str, space, inside: np.ndarray) -> None:
-    if not inside.all():
-        raise WireError(f"{key} is outside {space} for envs {_bad_rows(inside)}")
 
 
 def _bad_rows(good: np.ndarray) -> list:
