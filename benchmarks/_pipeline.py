@@ -28,7 +28,7 @@ class FixedFrames:
     """A zero-cost env maker for EnvClient: the same frames every step, no episode ever ends."""
 
     def __init__(self, obs_shape: tuple, obs_dtype: str, num_actions: int):
-        from torchbeast_hydra.envs import EnvSpec
+        from torchbeast_hydra.env.spaces import EnvSpec
 
         self.spec = EnvSpec.box(tuple(obs_shape), np.dtype(obs_dtype), num_actions)
 
@@ -38,7 +38,7 @@ class FixedFrames:
 
 class _Fixed:
     def __init__(self, spec, n: int):
-        from torchbeast_hydra import layout
+        from torchbeast_hydra.env import layout
 
         self.out = layout.env_outputs(spec, n)  # the env keys, as real envs have them
         self.out["frame"][:] = 7
@@ -74,10 +74,10 @@ class NullLearner:
     def __init__(self, maker: FixedFrames, args):
         import torch
 
-        from torchbeast_hydra.poly import wire
-        from torchbeast_hydra.poly.batcher import DynamicBatcher
-        from torchbeast_hydra.poly.rollouts import RolloutQueue
-        from torchbeast_hydra.poly.server import ActorPool, ServerSettings, make_server
+        from torchbeast_hydra.backends.poly import wire
+        from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
+        from torchbeast_hydra.backends.poly.rollouts import RolloutQueue
+        from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings, make_server
 
         self.args = args
         self.token = secrets.token_urlsafe(16)
@@ -143,8 +143,8 @@ class NullLearner:
 def start_clients(maker, address: str, token: str, clients: int, envs: int, max_bytes: int) -> list:
     import torch.multiprocessing as mp
 
-    from torchbeast_hydra.config import EnvConfig
-    from torchbeast_hydra.poly.client import client_main
+    from torchbeast_hydra.backends.poly.client import client_main
+    from torchbeast_hydra.env.settings import EnvConfig
 
     ctx = mp.get_context("spawn")
     processes = [
@@ -192,7 +192,7 @@ def measure_null(maker, args, clients: int, envs: int) -> dict:
 
 def measure_cli(maker, args, clients: int, envs: int) -> dict:
     """The real learner (role=learner, with the given overrides) fed by zero-cost clients."""
-    from torchbeast_hydra.poly import wire
+    from torchbeast_hydra.backends.poly import wire
 
     token = secrets.token_urlsafe(16)
     max_bytes = wire.max_message_bytes(maker.spec, max(envs, 256))

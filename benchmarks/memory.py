@@ -43,9 +43,9 @@ COMMON = ["total_steps=1000000000", "checkpoint_interval_s=100000"]
 
 
 def estimate(overrides: list):
-    from torchbeast_hydra import memory
-    from torchbeast_hydra.envs import probe_env
-    from torchbeast_hydra.models import make_model
+    from torchbeast_hydra.agent.models import make_model
+    from torchbeast_hydra.backends import memory
+    from torchbeast_hydra.env.spaces import probe_env
 
     cfg = composed(overrides)
     spec = probe_env(cfg.env)
@@ -60,7 +60,7 @@ from torchbeast_hydra.__main__ import CONFIG_DIR
 from torchbeast_hydra.envs import probe_env
 from torchbeast_hydra.layout import zero_rollouts
 from torchbeast_hydra.learner import Learner
-from torchbeast_hydra.models import make_model
+from torchbeast_hydra.agent.models import make_model
 with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
     cfg = compose("config", sys.argv[1:])
 spec = probe_env(cfg.env)
@@ -117,7 +117,7 @@ def main() -> None:
     parser.add_argument("--update", action="store_true", help="measure one learner update only")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    from torchbeast_hydra.memory import GiB, summary
+    from torchbeast_hydra.backends.memory import GiB, summary
 
     print(platform_line())
     if args.update:

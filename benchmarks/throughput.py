@@ -92,7 +92,7 @@ def measure(overrides: list, warmup: float, seconds: float) -> Run:
 
 def env_steps_per_second(env_cfg, seconds: float = 5.0) -> float:
     """One env on one core, random actions: what a core can give at most."""
-    from torchbeast_hydra.envs import Environments
+    from torchbeast_hydra.env.vector import Environments
 
     envs = Environments(env_cfg, 1, seed=0)
     envs.initial()
@@ -107,7 +107,7 @@ def env_steps_per_second(env_cfg, seconds: float = 5.0) -> float:
 
 def random_actions(spec, count: int) -> np.ndarray:
     """count actions drawn uniformly from the policy's side of the action space (actions.py)."""
-    from torchbeast_hydra.actions import BOX, MULTI_BINARY
+    from torchbeast_hydra.env.actions import BOX, MULTI_BINARY
 
     rng = np.random.default_rng(0)
     if spec.kind == BOX:
@@ -119,7 +119,8 @@ def random_actions(spec, count: int) -> np.ndarray:
 
 def acting_batch(cfg) -> int:
     """The envs one mono actor evaluates its policy on at once (auto-sized as the run sizes them)."""
-    from torchbeast_hydra.config import auto_actors, usable_cores
+    from torchbeast_hydra.backends.settings import auto_actors
+    from torchbeast_hydra.run.devices import usable_cores
 
     return cfg.backend.envs_per_actor or auto_actors(cfg.backend.name, usable_cores())[1]
 
@@ -131,10 +132,10 @@ def one_core_costs(cfg, inference_batch: int, repeats: int = 5) -> dict:
     backward, optimiser step) on zeroed B x T rollouts."""
     import torch
 
-    from torchbeast_hydra.envs import probe_env
-    from torchbeast_hydra.layout import zero_rollouts
-    from torchbeast_hydra.learner import Learner
-    from torchbeast_hydra.models import make_model
+    from torchbeast_hydra.agent.models import make_model
+    from torchbeast_hydra.env.layout import zero_rollouts
+    from torchbeast_hydra.env.spaces import probe_env
+    from torchbeast_hydra.learning.learner import Learner
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

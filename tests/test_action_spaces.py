@@ -7,7 +7,7 @@ import os
 import pytest
 from action_envs import EPISODE
 
-from torchbeast_hydra import checkpoint
+from torchbeast_hydra.run import checkpoint
 
 from conftest import REPO, cli_env, rows, run_cli
 

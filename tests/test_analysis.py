@@ -18,8 +18,8 @@ from matplotlib.image import imread
 from nbclient import NotebookClient
 
 from torchbeast_hydra import analysis
-from torchbeast_hydra.analysis import plots
-from torchbeast_hydra.metrics import CSV_FIELDS
+from torchbeast_hydra.logs import plots
+from torchbeast_hydra.logs.metrics import CSV_FIELDS
 
 from conftest import TINY, run_cli, sweep_job_dir
 

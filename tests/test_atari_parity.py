@@ -22,9 +22,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from torchbeast_hydra.config import AtariEnvConfig
-from torchbeast_hydra.envs import Environments, make_env
-from torchbeast_hydra.vector_envs import AtariVectorEnvironments, AtariVectorEnvs, _native, native_kwargs
+from torchbeast_hydra.env.make import make_env
+from torchbeast_hydra.env.native import AtariVectorEnvironments, AtariVectorEnvs, _native, native_kwargs
+from torchbeast_hydra.env.settings import AtariEnvConfig
+from torchbeast_hydra.env.vector import Environments
 
 
 def both(cfg: AtariEnvConfig, num_envs: int, seed: int = 3) -> tuple[Environments, AtariVectorEnvironments]:

@@ -96,7 +96,7 @@ def test_random_actions_fit_each_kind_of_action_space(throughput):
     import gymnasium as gym
     import numpy as np
 
-    from torchbeast_hydra.actions import action_spec
+    from torchbeast_hydra.env.actions import action_spec
 
     spaces = [
         gym.spaces.Discrete(5),

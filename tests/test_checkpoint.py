@@ -1,11 +1,12 @@
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from torchbeast_hydra import checkpoint
-from torchbeast_hydra.checkpoint import CheckpointError
+from torchbeast_hydra.run import checkpoint
+from torchbeast_hydra.run.checkpoint import CheckpointError
 
 
 def state(step):
@@ -79,3 +80,28 @@ def test_failed_write_leaves_the_old_checkpoint(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert checkpoint.load(path)["step"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == [checkpoint.FILENAME]
+
+
+# Saved by the release before the packages moved (commit 9197ace: a CartPole run of 1,280 steps),
+# whose model target is the old path torchbeast_hydra.models.MLPBody.
+BEFORE_THE_MOVE = Path(__file__).parent / "data" / "checkpoint-9197ace-cartpole.pt"
+
+
+def test_a_checkpoint_saved_before_the_move_loads_and_acts():
+    from omegaconf import OmegaConf
+
+    from torchbeast_hydra.agent.models import make_model, saved_model_config
+    from torchbeast_hydra.env.settings import EnvConfig
+    from torchbeast_hydra.env.vector import Environments
+    from torchbeast_hydra.run.evaluate import play
+
+    state = checkpoint.load(BEFORE_THE_MOVE)
+    assert state["config"]["model"]["_target_"] == "torchbeast_hydra.models.MLPBody"
+    env_cfg = OmegaConf.merge(OmegaConf.structured(EnvConfig), state["config"]["env"])
+    envs = Environments(env_cfg, 1, seed=3)
+    model = make_model(saved_model_config(state["config"]["model"]), envs.spec)
+    model.load_state_dict(state["learner"]["model"])  # every saved tensor fits, by name and shape
+    assert type(model.body).__module__ == "torchbeast_hydra.agent.models"
+    returns, lengths = play(model.eval(), envs, num_episodes=2, max_episode_steps=500, action="greedy")
+    envs.close()
+    assert len(returns) == 2 and all(length >= 8 for length in lengths)

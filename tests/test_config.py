@@ -2,16 +2,13 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from torchbeast_hydra.config import (
-    AtariPreprocessing,
-    ConfigError,
-    OptimName,
-    PolyRole,
-    atari_settings,
-    num_buffers,
-    to_plain_dict,
-    validate,
-)
+from torchbeast_hydra.backends.mono.settings import num_buffers
+from torchbeast_hydra.backends.poly.settings import PolyRole
+from torchbeast_hydra.config import validate
+from torchbeast_hydra.env.settings import AtariPreprocessing, atari_settings
+from torchbeast_hydra.errors import ConfigError
+from torchbeast_hydra.learning.settings import OptimName
+from torchbeast_hydra.run.settings import to_plain_dict
 
 from conftest import compose_config, run_cli
 
@@ -65,7 +62,7 @@ def test_impala_preset_uses_deep_lstm_net():
 def test_every_env_preset_names_a_registered_env(env):
     import gymnasium as gym
 
-    import torchbeast_hydra.envs  # noqa: F401  (registers the ALE ids)
+    import torchbeast_hydra.env.make  # noqa: F401  (registers the ALE ids)
 
     cfg = compose_config([f"env={env}"])
     gym.spec(cfg.env.id)
@@ -146,23 +143,21 @@ def test_saved_configs_mask_the_token():
 
 def test_default_buffers_hold_every_env_and_a_batch():
     cfg = compose_config(["batch_size=32"])
-    validate(cfg)  # resolves the auto actor counts
-    assert num_buffers(cfg) == 32 + cfg.backend.num_actors * cfg.backend.envs_per_actor
+    resolved = validate(cfg)  # with the auto actor counts filled in
+    assert num_buffers(resolved) == 32 + resolved.backend.num_actors * resolved.backend.envs_per_actor
 
 
 def test_auto_actor_counts_are_sized_to_the_machine_and_explicit_ones_kept(monkeypatch):
-    monkeypatch.setattr("torchbeast_hydra.config.usable_cores", lambda: 16)
-    mono, poly = compose_config(), compose_config(["backend=poly"])
-    validate(mono)
-    validate(poly)
+    monkeypatch.setattr("torchbeast_hydra.backends.settings.usable_cores", lambda: 16)
+    given = compose_config()
+    mono, poly = validate(given), validate(compose_config(["backend=poly"]))
+    assert given.backend.num_actors == 0  # the user's config is left as given: 0 means auto
     assert (mono.backend.num_actors, mono.backend.envs_per_actor) == (15, 4)
     assert (poly.backend.num_actors, poly.backend.envs_per_actor) == (4, 16)
-    explicit = compose_config(["backend.num_actors=3", "backend.envs_per_actor=2"])
-    validate(explicit)
+    explicit = validate(compose_config(["backend.num_actors=3", "backend.envs_per_actor=2"]))
     assert (explicit.backend.num_actors, explicit.backend.envs_per_actor) == (3, 2)
-    monkeypatch.setattr("torchbeast_hydra.config.usable_cores", lambda: 2)
-    small = compose_config()
-    validate(small)
+    monkeypatch.setattr("torchbeast_hydra.backends.settings.usable_cores", lambda: 2)
+    small = validate(compose_config())
     assert (small.backend.num_actors, small.backend.envs_per_actor) == (4, 4)  # the 2-core figures' setting
 
 

@@ -63,7 +63,7 @@ def repeated_defaults(relative_path: str, conf: Path = CONF) -> list[str]:
 @pytest.mark.parametrize("relative_path", OPTION_FILES)
 def test_option_files_hold_only_what_differs_from_their_schema(relative_path):
     assert repeated_defaults(relative_path) == [], (
-        f"conf/{relative_path} repeats its schema's defaults (torchbeast_hydra/config.py): drop these keys"
+        f"conf/{relative_path} repeats its schema's defaults (the settings modules): drop these keys"
     )
 
 
@@ -116,7 +116,7 @@ def test_presets_set_only_what_differs_from_the_defaults(name):
 )
 def test_each_env_option_brings_a_model_that_fits(overrides, body):
     cfg = compose_config(overrides)
-    assert cfg.model._target_ == f"torchbeast_hydra.models.{body}"
+    assert cfg.model._target_ == f"torchbeast_hydra.agent.models.{body}"
 
 
 @pytest.mark.slow

@@ -8,7 +8,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from torchbeast_hydra.__main__ import CONFIG_DIR
-from torchbeast_hydra.config import ConfigError, validate
+from torchbeast_hydra.config import validate
+from torchbeast_hydra.errors import ConfigError
 
 from conftest import TINY, compose_config, run_cli
 

@@ -10,12 +10,13 @@ import torch
 import torch.nn.functional as F
 from torch import distributions as td
 
-from torchbeast_hydra import vtrace
-from torchbeast_hydra.actions import ActionError, ActionSpec, action_spec, check, to_env
-from torchbeast_hydra.config import ConfigError, RewardClipping, VtraceConfig
-from torchbeast_hydra.distributions import NonFiniteAction, distribution
-from torchbeast_hydra.learner import compute_losses
-from torchbeast_hydra.models import ActorCritic, MLPBody
+from torchbeast_hydra.agent.distributions import NonFiniteAction, distribution
+from torchbeast_hydra.agent.models import ActorCritic, MLPBody
+from torchbeast_hydra.env.actions import ActionError, ActionSpec, action_spec, check, to_env
+from torchbeast_hydra.errors import ConfigError
+from torchbeast_hydra.learning import vtrace
+from torchbeast_hydra.learning.learner import compute_losses
+from torchbeast_hydra.learning.settings import RewardClipping, VtraceConfig
 
 SPACES = {
     "discrete": gym.spaces.Discrete(5),

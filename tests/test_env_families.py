@@ -3,8 +3,9 @@ briefly on both backends with its defaults (the extras `.[nethack]`, `.[minihack
 
 import pytest
 
-from torchbeast_hydra.config import ConfigError
-from torchbeast_hydra.envs import import_modules, probe_env
+from torchbeast_hydra.env.make import import_modules
+from torchbeast_hydra.env.spaces import probe_env
+from torchbeast_hydra.errors import ConfigError
 
 from conftest import SMALL, compose_config, rows, run_cli
 

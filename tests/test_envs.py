@@ -1,8 +1,11 @@
 import numpy as np
 import pytest
 
-from torchbeast_hydra.config import AtariEnvConfig, ConfigError, EnvConfig
-from torchbeast_hydra.envs import Environments, is_atari, make_env, probe_env
+from torchbeast_hydra.env.make import is_atari, make_env
+from torchbeast_hydra.env.settings import AtariEnvConfig, EnvConfig
+from torchbeast_hydra.env.spaces import probe_env
+from torchbeast_hydra.env.vector import Environments
+from torchbeast_hydra.errors import ConfigError
 
 
 def test_atari_preprocessing_matches_torchbeast():

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from torchbeast_hydra.config import EnvConfig
-from torchbeast_hydra.envs import Environments
-from torchbeast_hydra.evaluate import _append_row, eval_env_config, play
+from torchbeast_hydra.env.settings import EnvConfig
+from torchbeast_hydra.env.vector import Environments
+from torchbeast_hydra.run.evaluate import _append_row, eval_env_config, play
 
 from conftest import cli_env, compose_config, run_cli
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from torchbeast_hydra import checkpoint
+from torchbeast_hydra.run import checkpoint
 
 from conftest import REPO, SMALL, cli_env, rows
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchbeast_hydra import checkpoint
-from torchbeast_hydra.config import EnvConfig
-from torchbeast_hydra.poly.client import EnvClient
+from torchbeast_hydra.backends.poly.client import EnvClient
+from torchbeast_hydra.env.settings import EnvConfig
+from torchbeast_hydra.run import checkpoint
 
 from conftest import TINY, rows, run_cli, start_cli, steps, wait_for
 
@@ -213,7 +213,8 @@ def test_config_fuzz_every_bad_value_is_refused_clearly_or_accepted(backend):
     from omegaconf.errors import OmegaConfBaseException
 
     from torchbeast_hydra.__main__ import CONFIG_DIR
-    from torchbeast_hydra.config import ConfigError, validate
+    from torchbeast_hydra.config import validate
+    from torchbeast_hydra.errors import ConfigError
 
     base = [f"backend={backend}"]
     tried = refused = 0

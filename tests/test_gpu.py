@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchbeast_hydra import checkpoint, memory
-from torchbeast_hydra.config import ConfigError
+from torchbeast_hydra.backends import memory
+from torchbeast_hydra.errors import ConfigError
+from torchbeast_hydra.run import checkpoint
 
 from conftest import TINY, compose_config, run_cli
 
@@ -60,8 +61,8 @@ def test_cuda_rng_state_round_trips_through_a_checkpoint(tmp_path):
 
 
 def test_the_memory_check_counts_the_gpu():
-    from torchbeast_hydra.envs import probe_env
-    from torchbeast_hydra.models import make_model
+    from torchbeast_hydra.agent.models import make_model
+    from torchbeast_hydra.env.spaces import probe_env
 
     cfg = compose_config(["env=pong", "model=atari_net", "logger.wandb.mode=disabled"])
     spec = probe_env(cfg.env)
@@ -85,10 +86,10 @@ def test_a_cuda_index_beyond_the_gpus_is_one_clear_line(tmp_path):
 def learner_update(overrides, lstm=True) -> dict:
     from test_gpu_ready import fixed_batch
 
-    from torchbeast_hydra import accel
-    from torchbeast_hydra.envs import probe_env
-    from torchbeast_hydra.learner import Learner
-    from torchbeast_hydra.models import make_model
+    from torchbeast_hydra.agent.models import make_model
+    from torchbeast_hydra.env.spaces import probe_env
+    from torchbeast_hydra.learning import accel
+    from torchbeast_hydra.learning.learner import Learner
 
     cfg = compose_config(["env=pong", "model=atari_net", *(LSTM2 if lstm else ["model.use_lstm=false"]), *overrides])
     cfg.batch_size, cfg.unroll_length = 4, 10

@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from torchbeast_hydra import accel, checkpoint, devices
-from torchbeast_hydra.config import ConfigError
-from torchbeast_hydra.envs import EnvSpec
-from torchbeast_hydra.models import ActorCritic, MLPBody
+from torchbeast_hydra.agent.models import ActorCritic, MLPBody
+from torchbeast_hydra.env.spaces import EnvSpec
+from torchbeast_hydra.errors import ConfigError
+from torchbeast_hydra.learning import accel
+from torchbeast_hydra.run import checkpoint, devices
 
 from conftest import TINY, compose_config, run_cli
 
@@ -75,7 +76,7 @@ def test_a_strided_hidden_state_passes_the_cudnn_rule(cudnn_rnn_rule):
 
 
 def test_poly_inference_hands_back_state_the_next_call_accepts(cudnn_rnn_rule):
-    from torchbeast_hydra.poly.backend import PolyBeast
+    from torchbeast_hydra.backends.poly.backend import PolyBeast
 
     backend = PolyBeast.__new__(PolyBeast)  # only what _infer needs
     backend.policy, backend.weights_lock, backend.inference_stream = lstm_model(), threading.Lock(), None
@@ -155,7 +156,7 @@ def test_cuda_errors_are_told_from_others():
 
 
 def test_the_step_count_and_returns_come_from_the_cpu_batch():
-    from torchbeast_hydra.training_run import TrainingRun
+    from torchbeast_hydra.run.training_run import TrainingRun
 
     mask = torch.ones(5, 2, dtype=torch.bool)
     mask[3:, 1] = False
@@ -181,7 +182,7 @@ def test_a_gpu_saved_rng_state_resumes_on_a_cpu():
 
 
 def test_weights_reach_the_policy_every_publish_interval_updates():
-    from torchbeast_hydra.publish import WeightPublisher
+    from torchbeast_hydra.run.publish import WeightPublisher
 
     learner, policy = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     publisher = WeightPublisher(learner, policy, threading.Lock(), threading.Lock(), interval=3)
@@ -200,9 +201,9 @@ def test_weights_reach_the_policy_every_publish_interval_updates():
 
 def learner_stats(overrides, lstm=True):
     """The first update's figures of a fresh learner on a fixed batch."""
-    from torchbeast_hydra.envs import probe_env
-    from torchbeast_hydra.learner import Learner
-    from torchbeast_hydra.models import make_model
+    from torchbeast_hydra.agent.models import make_model
+    from torchbeast_hydra.env.spaces import probe_env
+    from torchbeast_hydra.learning.learner import Learner
 
     cfg = compose_config([*TINY, *(LSTM2 if lstm else []), *overrides])
     spec = probe_env(cfg.env)
@@ -213,7 +214,7 @@ def learner_stats(overrides, lstm=True):
 
 
 def fixed_batch(cfg, spec: EnvSpec) -> dict:
-    from torchbeast_hydra.layout import rollout_specs
+    from torchbeast_hydra.env.layout import rollout_specs
 
     generator = torch.Generator().manual_seed(5)
     T, B = cfg.unroll_length + 1, cfg.batch_size
@@ -292,10 +293,10 @@ def test_one_line_for_each_device_failure():
 def test_a_failure_that_breaks_saving_too_is_what_gets_reported(tmp_path, caplog):
     """A sticky CUDA error makes the final checkpoint's save fail as well: the learner's error is
     raised, not the save's, and the previous checkpoint stays."""
-    from torchbeast_hydra.envs import probe_env
-    from torchbeast_hydra.models import make_model
-    from torchbeast_hydra.training import Backend
-    from torchbeast_hydra.training_run import TrainingRun
+    from torchbeast_hydra.agent.models import make_model
+    from torchbeast_hydra.env.spaces import probe_env
+    from torchbeast_hydra.run.training import Backend
+    from torchbeast_hydra.run.training_run import TrainingRun
 
     cfg = compose_config(TINY)
     run = TrainingRun(cfg, tmp_path, probe_env(cfg.env))

@@ -4,11 +4,12 @@ learner's specs all follow it."""
 import numpy as np
 import torch
 
-from torchbeast_hydra import layout
-from torchbeast_hydra.config import EnvConfig
-from torchbeast_hydra.envs import Environments, EnvSpec
-from torchbeast_hydra.mono import create_buffers
-from torchbeast_hydra.poly import wire
+from torchbeast_hydra.backends.mono.actors import create_buffers
+from torchbeast_hydra.backends.poly import wire
+from torchbeast_hydra.env import layout
+from torchbeast_hydra.env.settings import EnvConfig
+from torchbeast_hydra.env.spaces import EnvSpec
+from torchbeast_hydra.env.vector import Environments
 
 SPEC = EnvSpec.box((4, 84, 84), np.dtype(np.uint8), 6)
 

@@ -10,19 +10,15 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from torchbeast_hydra import models
-from torchbeast_hydra.config import (
-    Config,
-    ConfigError,
-    EnvConfig,
-    MLPConfig,
-    MonoConfig,
-    RewardClipping,
-    RMSPropConfig,
-    VtraceConfig,
-)
-from torchbeast_hydra.envs import EnvSpec
-from torchbeast_hydra.learner import Learner, NonFiniteUpdate, compute_losses, make_optimizer
+from torchbeast_hydra.agent import models
+from torchbeast_hydra.agent.settings import MLPConfig
+from torchbeast_hydra.backends.mono.settings import MonoConfig
+from torchbeast_hydra.config import Config
+from torchbeast_hydra.env.settings import EnvConfig
+from torchbeast_hydra.env.spaces import EnvSpec
+from torchbeast_hydra.errors import ConfigError
+from torchbeast_hydra.learning.learner import Learner, NonFiniteUpdate, compute_losses, make_optimizer
+from torchbeast_hydra.learning.settings import RewardClipping, RMSPropConfig, VtraceConfig
 
 GAMMA, BASELINE_COST, ENTROPY_COST = 0.9, 0.5, 0.01
 

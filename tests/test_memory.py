@@ -3,10 +3,12 @@
 import pytest
 import torch
 
-from torchbeast_hydra import memory
-from torchbeast_hydra.config import ConfigError, num_buffers
-from torchbeast_hydra.envs import probe_env
-from torchbeast_hydra.models import make_model
+from torchbeast_hydra.agent.models import make_model
+from torchbeast_hydra.backends import memory
+from torchbeast_hydra.backends.mono.settings import num_buffers
+from torchbeast_hydra.env.spaces import probe_env
+from torchbeast_hydra.errors import ConfigError
+from torchbeast_hydra.run.supervision import describe_exit
 
 from conftest import TINY, compose_config, run_cli
 
@@ -90,10 +92,8 @@ def test_out_of_memory_in_the_learner_leaves_a_line_in_the_log(tmp_path):
 
 
 def test_what_an_actor_death_says():
-    assert memory.describe_exit(1) == "died with exit code 1"
-    assert "out-of-memory killer" in memory.describe_exit(-9) and memory.describe_exit(-9).startswith(
-        "died with exit code -9"
-    )
+    assert describe_exit(1) == "died with exit code 1"
+    assert "out-of-memory killer" in describe_exit(-9) and describe_exit(-9).startswith("died with exit code -9")
     assert memory.is_out_of_memory(MemoryError())
     assert memory.is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate"))
     assert not memory.is_out_of_memory(RuntimeError("shape mismatch"))

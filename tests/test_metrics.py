@@ -1,6 +1,6 @@
 import csv
 
-from torchbeast_hydra.metrics import CsvLog, Stats
+from torchbeast_hydra.logs.metrics import CsvLog, Stats
 
 
 def read_steps(path):
@@ -82,7 +82,7 @@ class Clock:
 
 
 def test_steps_per_second_start_at_the_first_update_and_follow_a_recent_window(monkeypatch):
-    from torchbeast_hydra import metrics
+    from torchbeast_hydra.logs import metrics
 
     clock = Clock()
     monkeypatch.setattr(metrics.time, "monotonic", clock)

@@ -3,10 +3,11 @@ import numpy as np
 import pytest
 import torch
 
-from torchbeast_hydra.actions import action_spec
-from torchbeast_hydra.config import AtariNetConfig, ConfigError, MLPConfig, ResNetConfig
-from torchbeast_hydra.envs import EnvSpec
-from torchbeast_hydra.models import make_model
+from torchbeast_hydra.agent.models import make_model
+from torchbeast_hydra.agent.settings import AtariNetConfig, MLPConfig, ResNetConfig
+from torchbeast_hydra.env.actions import action_spec
+from torchbeast_hydra.env.spaces import EnvSpec
+from torchbeast_hydra.errors import ConfigError
 
 ATARI = EnvSpec.box((4, 84, 84), np.dtype(np.uint8), 6)
 VECTOR = EnvSpec.box((4,), np.dtype(np.float32), 2)
@@ -99,7 +100,7 @@ def test_sampling_from_non_finite_logits_acts_uniformly_instead_of_crashing():
 
 
 def test_model_configs_saved_before_target_still_build_the_same_network():
-    from torchbeast_hydra.models import saved_model_config
+    from torchbeast_hydra.agent.models import saved_model_config
 
     old = dict(name="mlp", use_lstm=True, hidden_sizes=[8])  # a checkpoint's model config before _target_
     model = make_model(saved_model_config(old), VECTOR)

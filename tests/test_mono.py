@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from torchbeast_hydra import checkpoint
+from torchbeast_hydra.run import checkpoint
 
 from conftest import TINY, actor_pids, rows, run_cli, start_cli, steps, wait_for
 
@@ -194,7 +194,7 @@ def test_test_mode_without_checkpoint_fails_clearly(tmp_path):
 
 
 def test_gather_copies_the_chosen_buffers_in_time_major_order():
-    from torchbeast_hydra.mono import gather
+    from torchbeast_hydra.backends.mono.actors import gather
 
     buffers = torch.arange(3 * 5 * 2).view(3, 5, 2)
     batch = gather(buffers, torch.tensor([4, 1]), pin=False)

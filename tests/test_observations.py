@@ -11,12 +11,17 @@ import numpy as np
 import pytest
 import torch
 
-from torchbeast_hydra import checkpoint, layout, memory
-from torchbeast_hydra.config import ConfigError, EnvConfig, MultiConfig, NetHackConfig
-from torchbeast_hydra.encoders import MultiBody, NetHackBody
-from torchbeast_hydra.envs import Environments, EnvSpec, observation_leaves, probe_env
-from torchbeast_hydra.models import make_model
-from torchbeast_hydra.poly import wire
+from torchbeast_hydra.agent.encoders import MultiBody, NetHackBody
+from torchbeast_hydra.agent.models import make_model
+from torchbeast_hydra.agent.settings import MultiConfig, NetHackConfig
+from torchbeast_hydra.backends import memory
+from torchbeast_hydra.backends.poly import wire
+from torchbeast_hydra.env import layout
+from torchbeast_hydra.env.settings import EnvConfig
+from torchbeast_hydra.env.spaces import EnvSpec, observation_leaves, probe_env
+from torchbeast_hydra.env.vector import Environments
+from torchbeast_hydra.errors import ConfigError
+from torchbeast_hydra.run import checkpoint
 
 from conftest import SMALL, cli_env, compose_config, rows, run_cli
 from structured_envs import KEPT, SPACE

@@ -9,9 +9,9 @@ import grpc
 import numpy as np
 import pytest
 
-from torchbeast_hydra import checkpoint
-from torchbeast_hydra.envs import EnvSpec
-from torchbeast_hydra.poly import wire
+from torchbeast_hydra.backends.poly import wire
+from torchbeast_hydra.env.spaces import EnvSpec
+from torchbeast_hydra.run import checkpoint
 
 from conftest import TINY, actor_pids, cli_env, rows, run_cli, start_cli, steps, wait_for
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 from test_poly_server import TOKEN, RawClient
 
-from torchbeast_hydra import layout
-from torchbeast_hydra.actions import ActionSpec, action_spec
-from torchbeast_hydra.distributions import distribution
-from torchbeast_hydra.envs import EnvSpec
-from torchbeast_hydra.poly import wire
-from torchbeast_hydra.poly.batcher import DynamicBatcher
-from torchbeast_hydra.poly.server import ActorPool, ServerSettings, make_server
+from torchbeast_hydra.agent.distributions import distribution
+from torchbeast_hydra.backends.poly import wire
+from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
+from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings, make_server
+from torchbeast_hydra.env import layout
+from torchbeast_hydra.env.actions import ActionSpec, action_spec
+from torchbeast_hydra.env.spaces import EnvSpec
 
 BOX = action_spec(gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "Box-v0")
 SPEC = EnvSpec.box((3,), np.float32, BOX)

@@ -11,14 +11,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from torchbeast_hydra.actions import ActionSpec
-from torchbeast_hydra.config import VtraceConfig
-from torchbeast_hydra.envs import EnvSpec, Leaf
-from torchbeast_hydra.layout import rollout_specs
-from torchbeast_hydra.learner import compute_losses
-from torchbeast_hydra.poly import wire
-from torchbeast_hydra.poly.batcher import BatcherClosed, DynamicBatcher
-from torchbeast_hydra.poly.rollouts import RolloutBuilder, RolloutQueue
+from torchbeast_hydra.backends.poly import wire
+from torchbeast_hydra.backends.poly.batcher import BatcherClosed, DynamicBatcher
+from torchbeast_hydra.backends.poly.rollouts import RolloutBuilder, RolloutQueue
+from torchbeast_hydra.env.actions import ActionSpec
+from torchbeast_hydra.env.layout import rollout_specs
+from torchbeast_hydra.env.spaces import EnvSpec, Leaf
+from torchbeast_hydra.learning.learner import compute_losses
+from torchbeast_hydra.learning.settings import VtraceConfig
 
 # -- wire ----------------------------------------------------------------------------------------
 
@@ -27,11 +27,16 @@ def test_descriptor_matches_the_proto_file(tmp_path):
     protoc = pytest.importorskip("grpc_tools.protoc")
     from google.protobuf import descriptor_pb2
 
-    proto_dir = Path(wire.__file__).resolve().parents[2]
+    proto_dir = Path(wire.__file__).resolve().parents[3]
     out = tmp_path / "set.pb"
     assert (
         protoc.main(
-            ["protoc", f"-I{proto_dir}", f"--descriptor_set_out={out}", "torchbeast_hydra/poly/actorpool.proto"]
+            [
+                "protoc",
+                f"-I{proto_dir}",
+                f"--descriptor_set_out={out}",
+                "torchbeast_hydra/backends/poly/actorpool.proto",
+            ]
         )
         == 0
     )

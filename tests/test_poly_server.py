@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from torchbeast_hydra import layout
-from torchbeast_hydra.envs import EnvSpec, observation_leaves
-from torchbeast_hydra.poly import wire
-from torchbeast_hydra.poly.batcher import DynamicBatcher
-from torchbeast_hydra.poly.server import MAX_DETAILS, ActorPool, ServerSettings, make_server
+from torchbeast_hydra.backends.poly import wire
+from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
+from torchbeast_hydra.backends.poly.server import MAX_DETAILS, ActorPool, ServerSettings, make_server
+from torchbeast_hydra.env import layout
+from torchbeast_hydra.env.spaces import EnvSpec, observation_leaves
 
 TOKEN = "server-token"
 SPEC = EnvSpec.box((3,), np.dtype(np.float32), 2)
@@ -136,7 +136,7 @@ def test_non_finite_frames_are_refused_and_the_server_keeps_serving(served):
 
 def test_silent_clients_are_dropped_so_new_ones_get_their_slots(served, caplog):
     pool, port, emitted = served
-    caplog.set_level(logging.INFO, logger="torchbeast_hydra.poly.server")
+    caplog.set_level(logging.INFO, logger="torchbeast_hydra.backends.poly.server")
     silent = [RawClient(port), RawClient(port)]
     for client in silent:  # hello and two steps, then silence
         assert client.send(hello()) == "welcome"

@@ -36,8 +36,8 @@ def test_same_seed_gives_an_identical_first_update(tmp_path, backend):
 def test_seed_decides_the_initial_weights(tmp_path):
     import torch
 
-    from torchbeast_hydra.envs import probe_env
-    from torchbeast_hydra.training_run import TrainingRun
+    from torchbeast_hydra.env.spaces import probe_env
+    from torchbeast_hydra.run.training_run import TrainingRun
 
     from conftest import compose_config
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_sweeps import JOB, check_job_dirs, job_dir_name
 
-from torchbeast_hydra import checkpoint
+from torchbeast_hydra.run import checkpoint
 
 from conftest import REPO, rows, run_sweep, steps, wait_for
 

@@ -6,8 +6,8 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from torchbeast_hydra import checkpoint
-from torchbeast_hydra.launch import RecordSweepOverrides, job_subdir
+from torchbeast_hydra.run import checkpoint
+from torchbeast_hydra.run.launch import RecordSweepOverrides, job_subdir
 
 from conftest import REPO, rows, run_sweep, steps
 

@@ -6,7 +6,7 @@ import sys
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from torchbeast_hydra.tensorboard_log import TensorboardLog
+from torchbeast_hydra.logs.tensorboard_log import TensorboardLog
 
 from conftest import TINY, rows, run_cli
 

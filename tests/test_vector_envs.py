@@ -4,9 +4,9 @@ semantics (done on a lost life, whole-game returns), and only where it reproduce
 import numpy as np
 import pytest
 
-from torchbeast_hydra.config import AtariEnvConfig, EnvConfig
-from torchbeast_hydra.envs import Environments
-from torchbeast_hydra.vector_envs import AtariVectorEnvs, GymnasiumEnvs, ale_game, envs_maker, vector_env_applies
+from torchbeast_hydra.env.native import AtariVectorEnvs, GymnasiumEnvs, ale_game, envs_maker, vector_env_applies
+from torchbeast_hydra.env.settings import AtariEnvConfig, EnvConfig
+from torchbeast_hydra.env.vector import Environments
 
 
 def test_game_names_follow_ale_py():

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchbeast_hydra import vtrace
+from torchbeast_hydra.learning import vtrace
 
 THRESHOLDS = [1.0, 0.5, 2.0, None]  # None: no clipping
 

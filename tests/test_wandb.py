@@ -13,9 +13,10 @@ from types import SimpleNamespace
 import pytest
 import wandb
 
-from torchbeast_hydra import wandb_log
-from torchbeast_hydra.config import ConfigError, validate
-from torchbeast_hydra.wandb_log import WandbLog, numeric_fields, resolve_mode, run_id_for
+from torchbeast_hydra.config import validate
+from torchbeast_hydra.errors import ConfigError
+from torchbeast_hydra.logs import wandb_log
+from torchbeast_hydra.logs.wandb_log import WandbLog, numeric_fields, resolve_mode, run_id_for
 
 from conftest import TINY, cli_env, compose_config, run_cli, sweep_job_dir
 from wandb_records import offline_runs
@@ -59,7 +60,7 @@ def test_offline_run_logs_every_csv_field_against_step_with_the_config(offline_r
     # The resolved config.
     assert run["config"]["seed"] == 3 and run["config"]["env"]["id"] == "CartPole-v1"
     assert run["config"]["logger"]["wandb"]["mode"] == "offline"
-    assert run["config"]["model"]["_target_"] == "torchbeast_hydra.models.MLPBody"
+    assert run["config"]["model"]["_target_"] == "torchbeast_hydra.agent.models.MLPBody"
     # `step` is the x-axis of everything.
     assert any(m.glob_name == "*" and m.step_metric == "step" for m in run["metrics"])
     # One history row per logs.csv row, with every numeric field and the same values.

@@ -18,12 +18,15 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from . import checkpoint, memory
-from .checkpoint import CheckpointError
-from .config import ConfigError, Mode, PolyRole, register_configs, validate
-from .launch import LaunchError, check_launcher_plugin, hand_over, register_resolvers
-from .learner import NonFiniteUpdate
-from .training_run import RunDirError
+from torchbeast_hydra.backends import memory
+from torchbeast_hydra.backends.poly.settings import PolyRole
+from torchbeast_hydra.config import Mode, register_configs, validate
+from torchbeast_hydra.errors import ConfigError
+from torchbeast_hydra.learning.learner import NonFiniteUpdate
+from torchbeast_hydra.run import checkpoint
+from torchbeast_hydra.run.checkpoint import CheckpointError
+from torchbeast_hydra.run.launch import LaunchError, check_launcher_plugin, hand_over, register_resolvers
+from torchbeast_hydra.run.training_run import RunDirError
 
 log = logging.getLogger("torchbeast_hydra")
 
@@ -117,33 +120,33 @@ def trained_run_dir(cfg: DictConfig, run_dir: Path) -> Path:
 
 def run(cfg: DictConfig) -> float:
     """Trains (or tests) as configured; returns the final mean episode return (test: evaluation's)."""
-    from .envs import probe_env
-    from .models import make_model
+    from torchbeast_hydra.agent.models import make_model
+    from torchbeast_hydra.env.spaces import probe_env
 
-    validate(cfg)
+    cfg = validate(cfg)  # the resolved copy: auto sizes filled in
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     if Mode(cfg.mode) is Mode.test:
-        from .evaluate import evaluate
+        from torchbeast_hydra.run.evaluate import evaluate
 
         return evaluate(cfg, trained_run_dir(cfg, run_dir), run_dir)["mean_return"]
 
     spec = probe_env(cfg.env)  # an unknown env id fails here, before any process starts
     model = make_model(cfg.model, spec)  # and so does a model that does not fit the env
     if not (cfg.backend.name == "poly" and PolyRole(cfg.backend.role) is PolyRole.env):
-        from .devices import resolve_device
+        from torchbeast_hydra.run.devices import resolve_device
 
         needed = memory.check(cfg, spec, model, resolve_device(cfg.device))  # before any process starts
         log.info("Memory estimate: %s", memory.summary(needed))
     write_run_info(run_dir)
 
     if cfg.backend.name == "poly":
-        from .poly import backend
+        from torchbeast_hydra.backends.poly import backend
 
         if PolyRole(cfg.backend.role) is PolyRole.env:  # env clients only: no learner, no run state
             sys.exit(backend.run_env_clients(cfg))
     else:
-        from . import mono as backend
-    from .training_run import TrainingRun
+        from torchbeast_hydra.backends.mono import actors as backend
+    from torchbeast_hydra.run.training_run import TrainingRun
 
     training_run = TrainingRun(cfg, run_dir, spec)
     try:
@@ -179,7 +182,7 @@ def main(cfg: DictConfig) -> float:
 
 def failure_line(error: BaseException) -> tuple[str, bool]:
     """(one line saying what stopped the run and what to do, whether its traceback helps)."""
-    from .devices import is_cuda_error
+    from torchbeast_hydra.run.devices import is_cuda_error
 
     first = str(error).splitlines()[0] if str(error) else type(error).__name__
     kept = "checkpoints already saved are intact"

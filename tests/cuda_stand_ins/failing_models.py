@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from torchbeast_hydra.models import MLPBody
+from torchbeast_hydra.agent.models import MLPBody
 
 ERRORS = {
     "bug": lambda: ValueError("a bug in the model: shapes (4, 64) and (65, 64) do not match"),

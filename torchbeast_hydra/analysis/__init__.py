@@ -1,50 +1,8 @@
-"""Analysis: runs and sweeps read back from disk, their plots, and the plot command.
+"""Moved to torchbeast_hydra.logs (runs.py: the reader of runs and sweeps, plots.py); this path
+keeps notebooks and scripts written before the move working. Remove in 0.3.
 
-runs.py      logs.csv + .hydra/ of each run into one pandas DataFrame; what differs is swept; seeds aggregated
-plots.py     learning-curve and final-return figures (PNG), without pyplot's global state
-__main__.py  `python -m torchbeast_hydra.analysis RUNS_DIR...` (or `torchbeast-hydra-plot`)
-
-    from torchbeast_hydra.analysis import load_runs, plots
+    from torchbeast_hydra.logs import runs, plots
 """
 
-from .runs import (
-    ALL_RUNS,
-    RETURN,
-    SEED,
-    differing_keys,
-    episode_returns,
-    final_returns,
-    final_returns_by_setting,
-    find_runs,
-    latest_runs_dir,
-    learning_curve,
-    load_run,
-    load_runs,
-    loss_columns,
-    read_config,
-    read_overrides,
-    read_seed,
-    settings,
-    swept_keys,
-)
-
-__all__ = [
-    "ALL_RUNS",
-    "RETURN",
-    "SEED",
-    "differing_keys",
-    "episode_returns",
-    "final_returns",
-    "final_returns_by_setting",
-    "find_runs",
-    "latest_runs_dir",
-    "learning_curve",
-    "load_run",
-    "load_runs",
-    "loss_columns",
-    "read_config",
-    "read_overrides",
-    "read_seed",
-    "settings",
-    "swept_keys",
-]
+from torchbeast_hydra.logs import plots, runs  # noqa: F401
+from torchbeast_hydra.logs.runs import *  # noqa: F403

@@ -1,0 +1,90 @@
+"""The model group's settings: what every model has (its body class and the shared actor-critic
+core's options) and one schema per body this package ships. A user's model YAML may extend
+`base_model` with fields of its own: agent.models.make_model checks them against the body."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List
+
+from omegaconf import MISSING
+
+from torchbeast_hydra.errors import require
+
+
+@dataclass
+class ModelConfig:
+    """What every model has: its body class (built by Hydra's instantiate, with obs_shape and the
+    body's own fields beside these as keyword arguments) and the shared actor-critic core's options
+    (models.ActorCritic). A model's YAML file extends its own schema below, or `base_model` plus
+    nothing; a user's model YAML may list its fields without a schema: they are checked against
+    the body's constructor before anything starts (models.make_model)."""
+
+    _target_: str = MISSING  # the body class, e.g. my_pkg.models.MyBody
+    use_lstm: bool = False  # an LSTM core between the body's features and the policy and baseline heads
+    lstm_layers: int = 1  # with use_lstm
+
+
+@dataclass
+class AtariNetConfig(ModelConfig):
+    """TorchBeast's shallow network (3 conv layers + fc 512), for image observations."""
+
+    _target_: str = "torchbeast_hydra.agent.models.AtariNetBody"
+    lstm_layers: int = 2  # with use_lstm, as in TorchBeast
+    output_size: int = 512  # features out of the fully connected layer
+
+
+@dataclass
+class ResNetConfig(ModelConfig):
+    """The IMPALA paper's deep network (3 residual stacks of 16, 32, 32 channels + fc 256)."""
+
+    _target_: str = "torchbeast_hydra.agent.models.ResNetBody"
+    channels: List[int] = field(default_factory=lambda: [16, 32, 32])  # one residual stack each
+    output_size: int = 256  # features out of the fully connected layer
+
+
+@dataclass
+class MLPConfig(ModelConfig):
+    """A multilayer perceptron for vector observations (e.g. CartPole)."""
+
+    _target_: str = "torchbeast_hydra.agent.models.MLPBody"
+    hidden_sizes: List[int] = field(default_factory=lambda: [64, 64])  # one ReLU layer each
+    normalize_obs: bool = False  # standardise observations by running statistics (checkpointed)
+
+
+@dataclass
+class MultiConfig(ModelConfig):
+    """One encoder per observation leaf (Dict/Tuple observations): convs for images, embeddings
+    for Discrete leaves, vectors flattened; concatenated, then an MLP (encoders.MultiBody)."""
+
+    _target_: str = "torchbeast_hydra.agent.encoders.MultiBody"
+    embedding_dim: int = 16  # per Discrete entry
+    conv_channels: List[int] = field(default_factory=lambda: [16, 32])  # one 3x3 conv each, for image leaves
+    hidden_sizes: List[int] = field(default_factory=lambda: [256])  # ReLU layers over the concatenated features
+    # Image leaves whose channels are category codes, not intensities (MiniGrid's obs/image): each
+    # code embedded, a cell's embeddings summed, then the convs (encoders.CodeImageEncoder).
+    code_images: List[str] = field(default_factory=list)
+
+
+@dataclass
+class NetHackConfig(ModelConfig):
+    """NLE's baseline net for NetHack and MiniHack (encoders.NetHackBody)."""
+
+    _target_: str = "torchbeast_hydra.agent.encoders.NetHackBody"
+    embedding_dim: int = 32  # per glyph
+    crop_size: int = 9  # the egocentric view around the agent
+    conv_channels: List[int] = field(default_factory=lambda: [16, 16, 16, 16, 8])  # 3x3 convs, map and crop each
+    stats_hidden: int = 32  # two ReLU layers over the bottom-line stats
+    output_size: int = 512  # two ReLU layers over map, crop and stats
+    glyphs_key: str = "obs/glyphs"
+    blstats_key: str = "obs/blstats"
+
+
+def check(cfg) -> None:
+    """The model slice's checks (cfg.model)."""
+    require(
+        bool(cfg.model.get("_target_")),
+        "model._target_ must name the model's body class, "
+        "e.g. model._target_=my_pkg.models.MyBody (see docs/extending.md).",
+    )
+    require(cfg.model.get("lstm_layers", 1) >= 1, "model.lstm_layers must be at least 1.")

@@ -1,0 +1,314 @@
+"""MonoBeast: actor processes + shared-memory rollout buffers + learner threads, on one machine.
+
+Each actor process steps `envs_per_actor` envs in lockstep and evaluates a CPU copy of the policy
+(shared memory, updated in place by the learner) on all of them as one batch. It writes each env's
+unroll straight into a shared buffer [T+1, ...] and tells the learner which buffers are full.
+
+Buffers are handed out by a `BufferPool` in the learner process over one pipe per actor, rather
+than through queues shared by all actors: an actor killed mid-operation then cannot leave a
+cross-process lock held, and the buffers it held are known exactly and reclaimed when it is
+replaced.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import sys
+import threading
+import time
+from multiprocessing import connection
+
+import numpy as np
+import torch
+import torch.multiprocessing as mp
+from omegaconf import OmegaConf
+
+from torchbeast_hydra.agent.distributions import NonFiniteAction
+from torchbeast_hydra.agent.models import make_model
+from torchbeast_hydra.backends.mono.settings import num_buffers
+from torchbeast_hydra.env.actions import ActionError
+from torchbeast_hydra.env.layout import AGENT_KEYS, env_keys, zero_rollouts
+from torchbeast_hydra.env.spaces import EnvSpec
+from torchbeast_hydra.env.vector import Environments
+from torchbeast_hydra.logs.metrics import measured
+from torchbeast_hydra.run.seeding import actor_seed
+from torchbeast_hydra.run.supervision import ActorProcesses
+from torchbeast_hydra.run.training import Backend
+from torchbeast_hydra.run.training_run import TrainingRun
+
+NONFINITE_ACTION = 5  # an actor's exit code: its policy produced a NaN/inf action (stops the run)
+
+
+def create_buffers(spec: EnvSpec, unroll_length: int, count: int) -> dict:
+    """Shared-memory tensors [T+1, count, ...]: indexing dim 1 gathers a time-major batch. Mono's
+    unrolls are always whole: the mask stays set."""
+    return {key: buffer.share_memory_() for key, buffer in zero_rollouts(spec, unroll_length, count).items()}
+
+
+def create_state_buffers(model, count: int) -> tuple:
+    """The core state at the start of each buffer's unroll (empty without an LSTM)."""
+    return tuple(torch.zeros_like(s).repeat(1, count, 1).share_memory_() for s in model.initial_state(1))
+
+
+def _encode(indices) -> bytes:
+    return np.asarray(indices, np.int32).tobytes()
+
+
+def _decode(message: bytes) -> list:
+    return np.frombuffer(message, np.int32).tolist()
+
+
+def _encode_report(indices, env_s: float, inference_s: float) -> bytes:
+    """An actor's report: the CPU seconds it spent stepping envs and in the policy while filling
+    these buffers (per-step costs for logs.csv and benchmarks/throughput.py), then the buffers."""
+    return np.asarray([env_s, inference_s], np.float64).tobytes() + _encode(indices)
+
+
+def _decode_report(message: bytes) -> tuple:
+    env_s, inference_s = np.frombuffer(message[:16], np.float64)
+    return _decode(message[16:]), float(env_s), float(inference_s)
+
+
+class BufferPool:
+    """Hands out free buffers to actors (k at a time) and collects full ones for the learner."""
+
+    def __init__(self, count: int, per_actor: int, unroll_length: int):
+        self.per_actor, self.unroll_length = per_actor, unroll_length
+        self.free = list(range(count))
+        self.full = queue.Queue()
+        self.granted = {}  # actor index -> buffer indices it is filling
+        self.waiting = []  # actors waiting for a grant
+        self.conns = {}  # actor index -> learner end of its pipe
+        self._lock = threading.Lock()
+        self._acting = np.zeros(3)  # env seconds, inference seconds, env steps: since take_acting_stats
+
+    def add_actor(self, index: int, conn) -> None:
+        with self._lock:
+            self.conns[index] = conn
+            self.waiting.append(index)
+            self._grant()
+
+    def remove_actor(self, index: int) -> None:
+        """Forget a dead actor and reclaim the buffers it was filling."""
+        with self._lock:
+            self.free.extend(self.granted.pop(index, []))
+            if index in self.waiting:
+                self.waiting.remove(index)
+            conn = self.conns.pop(index, None)
+            if conn is not None:
+                conn.close()
+            self._grant()
+
+    def release(self, indices) -> None:
+        """The learner has copied these buffers: they can be filled again."""
+        with self._lock:
+            self.free.extend(indices)
+            self._grant()
+
+    def receive(self, timeout: float) -> list:
+        """Waits for actors' messages; queues full buffers. Returns actors whose pipe broke."""
+        broken = []
+        for conn in connection.wait(list(self.conns.values()), timeout):
+            index = next(i for i, c in self.conns.items() if c is conn)
+            try:
+                indices, env_s, inference_s = _decode_report(conn.recv_bytes())
+            except (EOFError, OSError):
+                broken.append(index)
+                continue
+            with self._lock:
+                self._acting += (env_s, inference_s, len(indices) * self.unroll_length)
+                self.granted.pop(index, None)
+                self.waiting.append(index)
+                self._grant()
+            for i in indices:
+                self.full.put(i)
+        return broken
+
+    def take_acting_stats(self) -> tuple:
+        """Actors' core-microseconds per env step in env.step and in the policy since the last call."""
+        with self._lock:
+            (env_s, inference_s, steps), self._acting = self._acting, np.zeros(3)
+        return (1e6 * env_s / steps, 1e6 * inference_s / steps) if steps else (None, None)
+
+    def _grant(self) -> None:
+        while self.waiting and len(self.free) >= self.per_actor:
+            index = self.waiting.pop(0)
+            grant, self.free = self.free[: self.per_actor], self.free[self.per_actor :]
+            try:
+                self.conns[index].send_bytes(_encode(grant))
+            except (BrokenPipeError, OSError):
+                self.free.extend(grant)  # the supervisor will notice the dead actor
+                continue
+            self.granted[index] = grant
+
+    def stop_actors(self) -> None:
+        with self._lock:
+            for conn in self.conns.values():
+                try:
+                    conn.send_bytes(b"")  # an empty grant means: exit
+                except (BrokenPipeError, OSError):
+                    pass
+
+
+def actor_main(env_cfg, num_envs, seed, unroll_length, model, buffers, state_buffers, conn):
+    """An actor process: fill the granted buffers with unrolls until told to stop."""
+    torch.set_num_threads(1)  # one core-sized slice each; the learner gets the rest
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the learner, which stops us
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # SLURM signals the whole job; the parent handles it
+    torch.manual_seed(seed)
+    envs = Environments(env_cfg, num_envs, seed=seed)
+    try:
+        _act(envs, unroll_length, model, buffers, state_buffers, conn)
+    except (EOFError, ConnectionError, KeyboardInterrupt):
+        pass  # the learner is gone (stopped us, or died: a reset pipe) or stopping
+    except (NonFiniteAction, ActionError) as error:  # never step an env with NaN: the run stops
+        print(f"Actor stopped: {error}", file=sys.stderr, flush=True)
+        sys.exit(NONFINITE_ACTION)
+    finally:
+        envs.close()
+
+
+def _act(envs, unroll_length, model, buffers, state_buffers, conn) -> None:
+    # Tensor views of the envs' output arrays, which Environments updates in place.
+    env_output = {key: torch.from_numpy(array).unsqueeze(0) for key, array in envs.initial().items()}
+    core_state = model.initial_state(len(envs))
+    with torch.no_grad():
+        agent_output, _ = model(env_output, core_state)
+    agent_output = {key: torch.zeros_like(value) for key, value in agent_output.items()}
+    keys = env_keys(envs.spec)  # ENV_KEYS, with the observation's leaves in frame's place
+
+    def write_row(t: int, idx: torch.Tensor) -> None:
+        for key in keys:
+            buffers[key][t, idx] = env_output[key][0]
+        for key in AGENT_KEYS:
+            buffers[key][t, idx] = agent_output[key][0]
+
+    while True:
+        message = conn.recv_bytes()
+        if not message:
+            return
+        idx = torch.tensor(_decode(message))
+        write_row(0, idx)
+        for buffer, state in zip(state_buffers, core_state):
+            buffer[:, idx] = state
+        env_s = inference_s = 0.0
+        for t in range(1, unroll_length + 1):
+            # CPU time, not wall: core-seconds even when other processes share the cores.
+            started = time.process_time()
+            with torch.no_grad():
+                agent_output, core_state = model(env_output, core_state)
+            stepped = time.process_time()
+            envs.step(agent_output["action"][0].numpy())
+            env_s, inference_s = env_s + time.process_time() - stepped, inference_s + stepped - started
+            write_row(t, idx)
+        conn.send_bytes(_encode_report(idx.tolist(), env_s, inference_s))
+
+
+def gather(buffers: torch.Tensor, idx: torch.Tensor, pin: bool) -> torch.Tensor:
+    """buffers[:, idx] in one copy; into pinned memory when bound for a GPU, so that the copy to
+    the device needs no second staging copy and runs asynchronously (see devices.to_device)."""
+    out = torch.empty((buffers.shape[0], len(idx), *buffers.shape[2:]), dtype=buffers.dtype, pin_memory=pin)
+    return torch.index_select(buffers, 1, idx, out=out)
+
+
+class MonoBeast(Backend):
+    """Rollouts from actor processes through shared-memory buffers, batched by learner threads."""
+
+    def __init__(self, cfg, run: TrainingRun):
+        super().__init__(cfg, run, make_model(cfg.model, run.spec).share_memory())
+        backend = cfg.backend
+        self.num_learner_threads = backend.num_learner_threads
+        self.ctx = mp.get_context("spawn")  # no fork: the learner process has threads running
+        count = num_buffers(cfg)
+        self.buffers = create_buffers(run.spec, cfg.unroll_length, count)
+        self.state_buffers = create_state_buffers(self.policy, count)
+        self.pool = BufferPool(count, backend.envs_per_actor, cfg.unroll_length)
+        self.env_cfg = OmegaConf.to_object(cfg.env)
+        self.actors = ActorProcesses(
+            self._start_actor,
+            backend.num_actors,
+            backend.max_actor_restarts,
+            what="Actor",
+            on_exit=self.pool.remove_actor,
+            fatal={
+                NONFINITE_ACTION: "actor {index}'s policy produced a non-finite action (see the log above); "
+                "look for NaN/inf observations or rewards, or lower optim.learning_rate."
+            },
+        )
+        self._batch_lock = threading.Lock()
+
+    def _start_actor(self, index: int, number: int):
+        backend = self.cfg.backend
+        learner_end, actor_end = self.ctx.Pipe()
+        seed = actor_seed(self.cfg.seed, number, backend.envs_per_actor)
+        process = self.ctx.Process(
+            target=actor_main,
+            name=f"actor-{index}",
+            args=(
+                self.env_cfg,
+                backend.envs_per_actor,
+                seed,
+                self.cfg.unroll_length,
+                self.policy,
+                self.buffers,
+                self.state_buffers,
+                actor_end,
+            ),
+            daemon=True,
+        )
+        process.start()
+        actor_end.close()
+        self.pool.add_actor(index, learner_end)
+        return process
+
+    def start(self) -> None:
+        self.actors.start()
+
+    def wait(self, timeout: float) -> None:
+        broken = self.pool.receive(timeout)
+        self.actors.supervise(replace=not self.run.done, broken=broken)
+
+    def next_batch(self):
+        """B full buffers copied out; None when the run is done."""
+        indices = []
+        with self._batch_lock:
+            while len(indices) < self.cfg.batch_size:
+                if self.run.done:
+                    self.pool.release(indices)
+                    return None
+                try:
+                    indices.append(self.pool.full.get(timeout=0.2))
+                except queue.Empty:
+                    continue
+        started = time.perf_counter()
+        idx = torch.tensor(indices)
+        pin = self.run.device.type == "cuda"
+        batch = {key: gather(buffer, idx, pin) for key, buffer in self.buffers.items()}
+        core_state = tuple(gather(buffer, idx, pin) for buffer in self.state_buffers)
+        self.pool.release(indices)
+        env_us, inference_us = self.pool.take_acting_stats()
+        observed = dict(
+            free_queue_size=len(self.pool.free),
+            full_queue_size=self.pool.full.qsize(),
+            gather_ms=round(1000 * (time.perf_counter() - started), 3),
+            actor_env_us_per_step=measured(env_us),
+            actor_inference_us_per_step=measured(inference_us),
+        )
+        return batch, core_state, observed
+
+    def describe(self) -> dict:
+        backend = self.cfg.backend
+        envs = backend.num_actors * backend.envs_per_actor
+        return dict(
+            backend=f"mono, {self.num_learner_threads} learner threads, {num_buffers(self.cfg)} rollout buffers",
+            acting=f"{backend.num_actors} actor processes x {backend.envs_per_actor} envs = {envs} envs, CPU inference",
+        )
+
+    def shut_down(self) -> None:
+        self.pool.stop_actors()
+        self.actors.stop(timeout=5.0)
+
+
+def train(cfg, run: TrainingRun) -> None:
+    MonoBeast(cfg, run).train()

@@ -1,0 +1,48 @@
+"""MonoBeast's settings: shared-memory rollout buffers and learner threads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from torchbeast_hydra.backends.settings import BackendConfig
+from torchbeast_hydra.errors import require
+
+
+@dataclass
+class MonoConfig(BackendConfig):
+    """MonoBeast: actor processes step envs and run a CPU copy of the policy; rollouts travel
+    through shared-memory buffers to learner threads."""
+
+    name: str = "mono"
+    # Rollout buffers in shared memory; null: 2 x envs, and at least batch_size + envs (num_buffers()).
+    num_buffers: Optional[int] = None
+    num_learner_threads: int = 2  # threads that batch rollouts and run learner steps (one step at a time)
+
+
+def num_buffers(cfg) -> int:
+    """Rollout buffers for mono: explicit, or enough for every env plus a batch in flight."""
+    backend = cfg.backend
+    if backend.num_buffers is not None:
+        return backend.num_buffers
+    num_envs = backend.num_actors * backend.envs_per_actor
+    return max(2 * num_envs, cfg.batch_size + num_envs)
+
+
+def check(cfg) -> None:
+    """mono's slice: enough rollout buffers for the batch and the envs in flight."""
+    backend = cfg.backend
+    require(backend.num_learner_threads >= 1, "backend.num_learner_threads must be at least 1.")
+    buffers = num_buffers(cfg)
+    require(
+        cfg.batch_size <= buffers,
+        f"batch_size={cfg.batch_size} is larger than backend.num_buffers={buffers}: "
+        f"raise backend.num_buffers (or leave it null) or lower batch_size.",
+    )
+    # Actors get envs_per_actor buffers at a time, while the learner may hold batch_size-1.
+    needed = cfg.batch_size + backend.envs_per_actor - 1
+    require(
+        buffers >= needed,
+        f"backend.num_buffers={buffers} can deadlock with batch_size={cfg.batch_size}, "
+        f"backend.envs_per_actor={backend.envs_per_actor}: use at least {needed}.",
+    )

@@ -1,0 +1,302 @@
+"""The PolyBeast backend: the ActorPool server, central inference and local env clients feed the
+shared training loop (training.Backend).
+
+role=all   server + learner + backend.num_actors local env client processes
+role=learner  server + learner; env clients connect from other machines
+role=env   env client processes only (run_env_clients), connecting to backend.address
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import statistics
+import threading
+import time
+
+import grpc
+import torch
+import torch.multiprocessing as mp
+from omegaconf import OmegaConf
+
+from torchbeast_hydra.agent.models import make_model
+from torchbeast_hydra.backends.poly import wire
+from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
+from torchbeast_hydra.backends.poly.client import FINISHED, REFUSED, UNREACHABLE, client_main
+from torchbeast_hydra.backends.poly.rollouts import RolloutQueue
+from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings, make_server
+from torchbeast_hydra.backends.poly.settings import PolyRole, split_address
+from torchbeast_hydra.env.native import envs_maker
+from torchbeast_hydra.env.spaces import probe_env
+from torchbeast_hydra.errors import ConfigError
+from torchbeast_hydra.logs.metrics import measured
+from torchbeast_hydra.run.devices import usable_cores
+from torchbeast_hydra.run.signals import StopOnSignals
+from torchbeast_hydra.run.supervision import ActorProcesses
+from torchbeast_hydra.run.training import Backend
+from torchbeast_hydra.run.training_run import TrainingRun
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV_VAR = "TORCHBEAST_TOKEN"
+ADDRESS_FILE = "actorpool_address"  # in the learner's run dir
+
+
+def resolve_token(backend) -> str:
+    """backend.token, else $TORCHBEAST_TOKEN; role=all (all on this machine) may make its own."""
+    token = backend.token or os.environ.get(TOKEN_ENV_VAR)
+    if token:
+        return token
+    if PolyRole(backend.role) is PolyRole.all:
+        return secrets.token_urlsafe(24)
+    raise ConfigError(
+        f"backend.role={PolyRole(backend.role).value} needs the shared token clients present: "
+        f"export {TOKEN_ENV_VAR}=<secret> on the learner and on every env machine "
+        "(e.g. from `python -c 'import secrets; print(secrets.token_urlsafe())'`)."
+    )
+
+
+def local_clients(cfg, address: str, token: str, max_message_bytes: int) -> ActorProcesses:
+    """Env client processes on this machine (role=all and role=env), replaced when they die."""
+    backend = cfg.backend
+    ctx = mp.get_context("spawn")
+    env_cfg = OmegaConf.to_object(cfg.env)
+    threads = max(1, usable_cores() // backend.num_actors)  # the native vector env's, per client
+    make_envs = envs_maker(env_cfg, threads) if backend.vector_env else None
+    args = (
+        env_cfg,
+        address,
+        token,
+        backend.envs_per_actor,
+        backend.connect_timeout_s,
+        max_message_bytes,
+        True,  # ignore_sigint: the parent handles Ctrl-C
+        make_envs,
+    )
+
+    def start(index: int, number: int):  # env seeds come from the server (per connection)
+        process = ctx.Process(target=client_main, args=args, name=f"env-client-{index}", daemon=True)
+        process.start()
+        return process
+
+    return ActorProcesses(
+        start,
+        backend.num_actors,
+        backend.max_actor_restarts,
+        what="Env client",
+        final=(FINISHED, UNREACHABLE),  # nothing a restart would fix
+        fatal={REFUSED: "the learner refused env client {index}; see its log above."},
+    )
+
+
+class PolyBeast(Backend):
+    """Rollouts assembled by the ActorPool server from its clients' steps, with central inference."""
+
+    def __init__(self, cfg, run: TrainingRun):
+        super().__init__(cfg, run, make_model(cfg.model, run.spec).to(run.device))
+        backend = cfg.backend
+        self.token = resolve_token(backend)
+        self.device = run.device
+        on_gpu = run.device.type == "cuda"
+        # On a GPU, inference has its own stream: it never queues behind the learner's update.
+        self.inference_stream = torch.cuda.Stream(run.device) if on_gpu else None
+        self.rollouts = RolloutQueue(backend.learner_queue_size, pin=on_gpu)
+        self.inference = DynamicBatcher(
+            self._infer,
+            backend.max_batch_size,
+            backend.batch_timeout_ms / 1000,
+            producers=lambda: self.pool.connected,
+            name="inference",
+            setup=lambda: torch.set_num_threads(backend.inference_torch_threads),
+            on_error=self._inference_failed,
+            pin=on_gpu,
+        )
+        self.pool = ActorPool(
+            run.spec,
+            ServerSettings.from_config(cfg),
+            token=self.token,
+            inference=self.inference,
+            initial_state=self._initial_state,
+            emit=self._enqueue,
+        )
+        self.max_message_bytes = wire.max_message_bytes(run.spec, backend.max_envs_per_client)
+        self.server = None
+        self.clients = None
+        self.address = None  # HOST:PORT once serving
+
+    # -- acting ------------------------------------------------------------------------------
+
+    def _initial_state(self, num_envs: int) -> tuple:
+        """Fresh core state for num_envs envs, batch first: [num_envs, ...], on the CPU (the server's)."""
+        return tuple(s.transpose(0, 1).contiguous() for s in self.policy.initial_state(num_envs, device="cpu"))
+
+    def _infer(self, inputs: dict) -> dict:
+        """Central inference on a dynamic batch: inputs [N, ...] -> actions and policy outputs [N, ...]."""
+        if self.inference_stream is not None:
+            return self._infer_on_gpu(inputs)
+        states = sorted(key for key in inputs if key.startswith("core_state_"))
+        env_outputs = {key: inputs[key].unsqueeze(0) for key in inputs if key not in states}
+        core_state = tuple(inputs[key].transpose(0, 1) for key in states)  # the model makes it contiguous
+        with torch.no_grad(), self.weights_lock:
+            outputs, core_state = self.policy(env_outputs, core_state)
+        result = {key: value[0] for key, value in outputs.items()}
+        for i, state in enumerate(core_state):
+            result[f"core_state_{i}"] = state.transpose(0, 1)
+        return result
+
+    def _infer_on_gpu(self, inputs: dict) -> dict:
+        """As _infer, on inference's own stream: inputs come pinned (the batcher assembles them so),
+        copies both ways are asynchronous, and only this stream is waited for."""
+        device, stream = self.device, self.inference_stream
+        states = sorted(key for key in inputs if key.startswith("core_state_"))
+        with torch.cuda.stream(stream), torch.no_grad():
+            moved = {key: value.to(device, non_blocking=True) for key, value in inputs.items()}
+            env_outputs = {key: moved[key].unsqueeze(0) for key in moved if key not in states}
+            core_state = tuple(moved[key].transpose(0, 1) for key in states)
+            with self.weights_lock:  # held to queue the work; the publisher orders its copy by events
+                self.publisher.wait_for_weights(stream)
+                outputs, core_state = self.policy(env_outputs, core_state)
+                done = torch.cuda.Event()
+                done.record(stream)
+                self.publisher.inference_done = done
+            # Non-blocking copies to the host land in pinned memory; the synchronize below waits for them.
+            result = {key: value[0].to("cpu", non_blocking=True) for key, value in outputs.items()}
+            for i, state in enumerate(core_state):
+                result[f"core_state_{i}"] = state.transpose(0, 1).to("cpu", non_blocking=True)
+        stream.synchronize()
+        return result
+
+    def _inference_failed(self, error: BaseException) -> None:
+        """Inference raised: the run stops with the error (its callers' streams end meanwhile)."""
+        if not self.run.stop_requested.is_set():
+            log.error("Central inference failed: %s: %s", type(error).__name__, error)
+        self.fail(error)
+
+    def _enqueue(self, rollouts: dict, core_state: tuple) -> None:
+        """Hands rollouts to the learner; waits while its queue is full (back-pressure)."""
+        self.rollouts.put(rollouts, core_state, self.pool.stopping)
+
+    # -- what Backend asks for ---------------------------------------------------------------
+
+    def start(self) -> None:
+        self.server, port = self._start_server()
+        if PolyRole(self.cfg.backend.role) is PolyRole.all:
+            self.clients = local_clients(self.cfg, f"127.0.0.1:{port}", self.token, self.max_message_bytes)
+            self.clients.start()
+
+    def wait(self, timeout: float) -> None:
+        time.sleep(timeout)
+        if self.clients is not None:
+            self.clients.supervise(replace=not self.run.done)
+
+    def next_batch(self):
+        got = self.rollouts.get_batch(self.cfg.batch_size, lambda: self.run.done)
+        if got is None:
+            return None
+        batches = self.inference.take_stats()
+        sizes, seconds = zip(*batches) if batches else ((), ())
+        observed = dict(
+            learner_queue_size=self.rollouts.qsize(),
+            gather_ms=round(1000 * self.rollouts.assembly_s, 3),
+            server_us_per_step=measured(self.pool.take_step_stats()),
+            inference_batch_size=round(statistics.fmean(sizes), 2) if sizes else "",
+            inference_ms=round(1000 * statistics.fmean(seconds), 3) if seconds else "",
+            connected_clients=self.pool.connected,
+        )
+        return (*got, observed)
+
+    def describe(self) -> dict:
+        backend = self.cfg.backend
+        if self.clients is not None:
+            envs = backend.num_actors * backend.envs_per_actor
+            acting = f"{backend.num_actors} local env clients x {backend.envs_per_actor} envs = {envs} envs"
+        else:
+            acting = "env clients connect from other machines (backend.role=env)"
+        return dict(
+            backend=f"poly (role={PolyRole(backend.role).value}), ActorPool server on {self.address}",
+            acting=f"{acting}; central inference on {self.device.type}, up to {backend.max_batch_size} envs a batch",
+        )
+
+    def progress(self) -> str:
+        return f" Clients {self.pool.connected}, learner queue {self.rollouts.qsize()}."
+
+    def _start_server(self) -> tuple[grpc.Server, int]:
+        backend = self.cfg.backend
+        try:
+            server, port = make_server(self.pool, backend.address, self.max_message_bytes)
+        except RuntimeError as error:
+            raise ConfigError(
+                f"cannot listen on backend.address={backend.address} ({error}); is another learner using that port?"
+            ) from None
+        server.start()
+        host, _ = split_address(backend.address)
+        write_address_file(self.run.run_dir / ADDRESS_FILE, host, port)
+        self.address = f"{host}:{port}"
+        log.info(
+            "ActorPool listening on %s:%d (%s). Env clients: backend=poly backend.role=env "
+            "backend.address=HOST:%d with the same %s.",
+            host,
+            port,
+            "loopback only" if host in ("127.0.0.1", "localhost", "[::1]") else "reachable from other machines",
+            port,
+            TOKEN_ENV_VAR,
+        )
+        return server, port
+
+    def shut_down(self) -> None:
+        """Ends the clients' streams at their next step, then stops serving. Remote clients exit
+        only if training is complete; otherwise they wait to reconnect to a restarted learner."""
+        complete = self.run.stats.step >= self.cfg.total_steps
+        self.pool.stop(finished=complete or self.clients is not None)
+        deadline = time.monotonic() + 5.0
+        while self.pool.connected and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.inference.close()
+        if self.server is not None:
+            self.server.stop(grace=1.0).wait()
+        if self.clients is not None:
+            self.clients.stop(timeout=10.0)
+
+
+def write_address_file(path, host: str, port: int) -> None:
+    """Where clients can reach this learner (atomically): for backend.address=file:PATH."""
+    if host in ("0.0.0.0", "[::]", "::"):
+        host = socket.getfqdn()  # listening on every interface: advertise this machine's name
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(f"{host}:{port}\n")
+    os.replace(tmp, path)
+
+
+def train(cfg, run: TrainingRun) -> None:
+    PolyBeast(cfg, run).train()
+
+
+def run_env_clients(cfg) -> int:
+    """role=env: start backend.num_actors client processes and wait for them; returns an exit code."""
+    backend = cfg.backend
+    token = resolve_token(backend)
+    spec = probe_env(cfg.env)
+    max_bytes = wire.max_message_bytes(spec, backend.max_envs_per_client)
+    clients = local_clients(cfg, backend.address, token, max_bytes)
+    stop = threading.Event()
+    log.info(
+        "Starting %d env clients (%d envs each) for the learner at %s.",
+        backend.num_actors,
+        backend.envs_per_actor,
+        backend.address,
+    )
+    with StopOnSignals(stop):
+        clients.start()
+        try:
+            while clients.running and not stop.is_set():
+                time.sleep(0.2)
+                clients.supervise(replace=not stop.is_set())
+        finally:
+            for process in clients.processes.values():
+                if process.is_alive():
+                    process.terminate()
+            clients.stop(timeout=5.0)
+    codes = clients.exit_codes + [p.exitcode for p in clients.processes.values()]
+    return 0 if stop.is_set() or all(code == FINISHED for code in codes) else 1

@@ -1,0 +1,192 @@
+"""The env client: steps a few envs and asks the learner's ActorPool for their actions.
+
+Connections are client-initiated only, so clients may sit behind NAT. A client waits up to
+backend.connect_timeout_s for a learner that is not up (or has gone away) and reconnects when
+it returns; it exits 0 when the learner says training has finished.
+
+    python -m torchbeast_hydra backend=poly backend.role=env backend.address=HOST:PORT
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Protocol
+
+import grpc
+
+from torchbeast_hydra.backends.poly import wire
+from torchbeast_hydra.backends.poly.settings import ADDRESS_FILE_PREFIX
+from torchbeast_hydra.env.native import GymnasiumEnvs
+from torchbeast_hydra.env.settings import EnvConfig
+from torchbeast_hydra.env.spaces import EnvSpec
+
+log = logging.getLogger(__name__)
+
+# Exit codes of a client process.
+FINISHED, REFUSED, UNREACHABLE = 0, 2, 3
+
+# A refusal the client cannot fix by retrying: wrong token, env or message.
+PERMANENT = {
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.INVALID_ARGUMENT,
+}
+
+
+class ClientRefused(RuntimeError):
+    pass
+
+
+class LearnerFull(ConnectionError):
+    """The learner has backend.max_clients already: worth retrying, as a lost connection is."""
+
+
+class EnvsMaker(Protocol):
+    """Makes a client's envs: an object with initial() and step(actions) returning the outputs
+    [num_envs, ...] (envs.Environments' contract), and close()."""
+
+    spec: EnvSpec
+
+    def __call__(self, num_envs: int, seed: int): ...
+
+
+class EnvClient:
+    def __init__(
+        self,
+        env_cfg: EnvConfig,
+        address: str,
+        token: str,
+        num_envs: int,
+        connect_timeout_s: float,
+        max_message_bytes: int,
+        make_envs: EnvsMaker | None = None,
+    ):
+        self.env_cfg = env_cfg
+        self.address = address
+        self.token = token
+        self.num_envs = num_envs
+        self.connect_timeout_s = connect_timeout_s
+        self.max_message_bytes = max_message_bytes
+        self.make_envs = make_envs or GymnasiumEnvs(env_cfg)
+        self.spec = self.make_envs.spec
+        self.envs = None  # made at the first welcome, seeded by the server
+        self.outputs = None
+
+    def run(self) -> int:
+        """Serves the learner until it finishes; returns the process exit code."""
+        deadline = time.monotonic() + self.connect_timeout_s
+        backoff = 0.1
+        full_warned = False
+        try:
+            while True:
+                try:
+                    self._session()
+                    log.info("The learner finished training; exiting.")
+                    return FINISHED
+                except ClientRefused as refused:
+                    log.error("The learner at %s refused this client: %s", self.address, refused)
+                    return REFUSED
+                except ConnectionError as lost:
+                    if isinstance(lost, LearnerFull) and not full_warned:
+                        log.warning("The learner at %s is full (%s); retrying.", self.address, lost)
+                        full_warned = True
+                    if self.outputs is not None:  # we were connected: wait afresh for the learner
+                        deadline = max(deadline, time.monotonic() + self.connect_timeout_s)
+                    if time.monotonic() > deadline:
+                        log.error(
+                            "No learner at %s for %.0f s (%s); giving up (backend.connect_timeout_s).",
+                            self.address,
+                            self.connect_timeout_s,
+                            lost,
+                        )
+                        return UNREACHABLE
+                    time.sleep(backoff)
+                    backoff = min(2 * backoff, 2.0)
+        finally:
+            if self.envs is not None:
+                self.envs.close()
+
+    def _resolve_address(self) -> str:
+        """HOST:PORT, or read from the learner's address file (re-read on every connect: a
+        restarted learner may serve on another port)."""
+        if not self.address.startswith(ADDRESS_FILE_PREFIX):
+            return self.address
+        path = Path(self.address[len(ADDRESS_FILE_PREFIX) :])
+        try:
+            return path.read_text().strip()
+        except OSError:
+            raise ConnectionError(f"no address file at {path} yet") from None
+
+    def _session(self) -> None:
+        """One connection: hello, then a step per answer until the learner finishes."""
+        address = self._resolve_address()
+        with grpc.insecure_channel(address, options=wire.channel_options(self.max_message_bytes)) as channel:
+            try:
+                grpc.channel_ready_future(channel).result(timeout=2.0)
+            except grpc.FutureTimeoutError:
+                raise ConnectionError("cannot connect") from None
+            connect = channel.stream_stream(
+                wire.CONNECT, request_serializer=None, response_deserializer=wire.ServerMessage.FromString
+            )
+            outgoing = queue.SimpleQueue()
+            responses = connect(iter(outgoing.get, None), metadata=((wire.TOKEN_METADATA_KEY, self.token),))
+            try:
+                outgoing.put(self._hello())
+                self._serve(responses, outgoing)
+            except grpc.RpcError as error:
+                if error.code() in PERMANENT:
+                    raise ClientRefused(f"{error.code().name}: {error.details()}") from None
+                lost = LearnerFull if error.code() is grpc.StatusCode.RESOURCE_EXHAUSTED else ConnectionError
+                raise lost(f"{error.code().name}: {error.details()}") from None
+            finally:
+                outgoing.put(None)  # ends the request stream
+                responses.cancel()
+
+    def _serve(self, responses, outgoing) -> None:
+        for message in responses:
+            kind = message.WhichOneof("kind")
+            if kind == "welcome":
+                if self.envs is None:
+                    self.envs = self.make_envs(self.num_envs, message.welcome.seed)
+                    self.outputs = self.envs.initial()
+                # After a reconnect the envs carry on where they were; the server starts fresh unrolls.
+            elif kind == "actions":
+                try:
+                    actions = wire.decode_actions(message.actions, self.num_envs, self.spec.actions)
+                except wire.WireError as error:
+                    raise ClientRefused(f"the learner sent actions that do not fit this env's space: {error}") from None
+                self.outputs = self.envs.step(actions)
+            elif kind == "finished":
+                return
+            else:
+                raise ConnectionError("the learner sent an empty message")
+            outgoing.put(wire.encode_step(self.outputs, self.spec.obs_keys))
+        raise ConnectionError("the learner closed the stream")
+
+    def _hello(self) -> bytes:
+        return wire.encode_hello(self.spec, self.env_cfg.id, self.num_envs)
+
+
+def client_main(
+    env_cfg: EnvConfig,
+    address: str,
+    token: str,
+    num_envs: int,
+    connect_timeout_s: float,
+    max_message_bytes: int,
+    ignore_sigint: bool,
+    make_envs: EnvsMaker | None = None,
+) -> None:
+    """A client process's entry point (spawned by role=all or role=env)."""
+    if ignore_sigint:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # SLURM signals the whole job; the parent handles it
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][client][%(levelname)s] - %(message)s")
+    client = EnvClient(env_cfg, address, token, num_envs, connect_timeout_s, max_message_bytes, make_envs)
+    sys.exit(client.run())

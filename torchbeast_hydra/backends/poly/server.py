@@ -1,0 +1,375 @@
+"""The ActorPool gRPC service: env clients stream their envs' outputs and receive actions.
+
+Each client stream is one session: the server checks the client's token and env, then for
+every Step writes the rows of its unrolls (rollouts.py), evaluates the policy for its envs in
+the shared dynamic batch (batcher.py) and answers with actions. LSTM state per env lives here.
+A malformed message ends that client's stream with INVALID_ARGUMENT; the server and the other
+clients carry on. A client silent for longer than client_idle_timeout_s (while the server waits
+for it) is dropped, so silent streams cannot hold every slot; past max_clients streams, new ones
+are refused with a message naming the setting. Unrolls a leaving client had started are handed
+on as partial rollouts.
+"""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import logging
+import threading
+import time
+import warnings
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import torch
+
+from torchbeast_hydra.backends.poly import wire
+from torchbeast_hydra.backends.poly.batcher import BatcherClosed, DynamicBatcher
+from torchbeast_hydra.backends.poly.rollouts import Emit, RolloutBuilder
+from torchbeast_hydra.env.layout import rollout_specs
+from torchbeast_hydra.env.spaces import EnvSpec
+from torchbeast_hydra.run.seeding import actor_seed
+
+log = logging.getLogger(__name__)
+
+POLICY_INPUTS = ("reward", "done", "last_action")  # and the observation's keys (EnvSpec.obs_keys)
+# Decoded steps are read-only views of the received bytes; torch warns that such tensors must not
+# be written to, and nothing here writes to them.
+warnings.filterwarnings(
+    "ignore", message="The given NumPy array is not writable", category=UserWarning, module=__name__
+)
+# Streams beyond max_clients that gRPC still hands to us, so we can refuse them with a reason.
+REFUSAL_HEADROOM = 8
+
+
+class InferenceFailed(RuntimeError):
+    """Central inference raised (a bug in the model, CUDA out of memory, ...): the stream ends as
+    if the learner stopped, which it does (the batcher's owner hears of the error, batcher.py)."""
+
+
+MAX_DETAILS = 2000  # characters of a refusal's text: it may quote what the client sent
+
+
+class Refused(Exception):
+    """A client the server will not serve; carries the gRPC status to end its stream with."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        # One line, of bounded length: gRPC's trailers are small, and a client's strings are its own to choose.
+        details = details.encode("unicode_escape").decode("ascii")
+        if len(details) > MAX_DETAILS:
+            details = details[: MAX_DETAILS - 3] + "..."
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Everything the ActorPool is configured with (but the token); from_config is where it comes from."""
+
+    env_id: str  # named when a client with another env is refused
+    unroll_length: int  # T: steps per unroll
+    chunk_size: int  # rollouts handed on together at most (the learner's batch size)
+    cut_at_reset: bool  # an env reset ends its unroll early (a partial, masked rollout)
+    seed: int  # the run's seed: each connection's env seeds derive from it (seeding.actor_seed)
+    max_envs_per_client: int
+    max_clients: int  # concurrent streams; more are refused with a message naming the setting
+    client_idle_timeout_s: float  # a stream the server waits on longer is dropped
+
+    @classmethod
+    def from_config(cls, cfg) -> ServerSettings:
+        backend = cfg.backend
+        return cls(
+            env_id=cfg.env.id,
+            unroll_length=cfg.unroll_length,
+            chunk_size=cfg.batch_size,
+            cut_at_reset=backend.cut_at_reset,
+            seed=cfg.seed,
+            max_envs_per_client=backend.max_envs_per_client,
+            max_clients=backend.max_clients,
+            client_idle_timeout_s=backend.client_idle_timeout_s,
+        )
+
+
+class ActorPool:
+    """The service behind ActorPool/Connect; one instance serves every client."""
+
+    def __init__(
+        self,
+        spec: EnvSpec,
+        settings: ServerSettings,
+        *,
+        token: str,
+        inference: DynamicBatcher,
+        initial_state,
+        emit: Emit,
+    ):
+        """initial_state: num_envs -> tuple of [num_envs, ...] tensors; emit: takes finished rollouts.
+        Whatever inference raises (a NaN action, a model's bug, CUDA out of memory) reaches its
+        owner through the batcher's on_error and stops the run; the streams end as the learner stops."""
+        self.spec = spec
+        self.settings = settings
+        self.token = token.encode()
+        self.inference = inference
+        self.initial_state = initial_state
+        self.emit = emit
+        self.stopping = threading.Event()
+        self.finished = False  # on stopping: clients exit (True) or reconnect to a restarted learner
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self.connected = 0
+        self.rejected = 0  # streams ended for a bad token, env or message
+        self.dropped = 0  # streams ended for silence
+        self._streams = set()  # every open stream, hello or not: they hold the slots
+        self._step_seconds = 0.0  # in our hands per step (decode, assembly, encode), not in inference
+        self._step_envs = 0
+        self._watchdog = threading.Thread(target=self._drop_idle_streams, name="actorpool-watchdog", daemon=True)
+        self._watchdog.start()
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        # Requests arrive as bytes and are parsed here, so garbage gets our status and message.
+        method = grpc.stream_stream_rpc_method_handler(
+            self.connect, request_deserializer=None, response_serializer=wire.ServerMessage.SerializeToString
+        )
+        return grpc.method_handlers_generic_handler(wire.SERVICE, {"Connect": method})
+
+    def connect(self, requests, context):
+        peer = context.peer()
+        session = None
+        stream = Stream(context)
+        try:
+            self._authenticate(context)
+            self._open(stream)
+            hello = self._hello(stream.receive(requests))
+            client_id = next(self._ids)
+            session = Session(self, hello.num_envs)
+            with self._lock:
+                self.connected += 1
+            log.info("Client %d connected from %s with %d envs.", client_id, peer, hello.num_envs)
+            seed = actor_seed(self.settings.seed, client_id, self.settings.max_envs_per_client)
+            stream.replying()
+            yield wire.ServerMessage(welcome=wire.Welcome(client_id=client_id, seed=seed))
+            while (raw := stream.receive(requests)) is not None:
+                if self.stopping.is_set():
+                    break
+                # This thread's CPU time: what decoding, checks, assembly and encoding cost in
+                # core-seconds, leaving out the wait for inference and for the GIL.
+                started = time.thread_time()
+                try:
+                    actions = session.step(self._step(raw, hello.num_envs))
+                except (BatcherClosed, InferenceFailed):
+                    break
+                message = wire.ServerMessage()
+                wire.encode_array(actions, message.actions)
+                self._count_step(time.thread_time() - started, hello.num_envs)
+                stream.replying()
+                yield message
+            else:
+                return  # the client closed its stream
+            if not self.finished:
+                raise Refused(
+                    grpc.StatusCode.UNAVAILABLE,
+                    "the learner stopped before the end of training; reconnect to it when it is restarted",
+                )
+            yield wire.ServerMessage(finished=wire.Finished(reason="training finished"))
+        except Refused as refused:
+            if refused.code is not grpc.StatusCode.UNAVAILABLE:
+                with self._lock:
+                    self.rejected += 1
+                log.warning("Refused client %s: %s", peer, refused.details)
+            context.abort(refused.code, refused.details)
+        except grpc.RpcError:  # the stream was cancelled: by the client, or by us for silence
+            pass
+        finally:
+            self._close(stream)
+            if stream.dropped:
+                log.warning(
+                    "Dropped client %s: no message for %g s (backend.client_idle_timeout_s).",
+                    peer,
+                    self.settings.client_idle_timeout_s,
+                )
+            if session is not None:
+                partial = session.close()
+                with self._lock:
+                    self.connected -= 1
+                if not self.stopping.is_set():
+                    log.info(
+                        "Client %d left; its %d unfinished unrolls go to the learner as partial rollouts.",
+                        client_id,
+                        partial,
+                    )
+
+    def _count_step(self, seconds: float, num_envs: int) -> None:
+        with self._lock:
+            self._step_seconds += seconds
+            self._step_envs += num_envs
+
+    def take_step_stats(self) -> float | None:
+        """CPU microseconds of server work per env step since the last call (None without steps)."""
+        with self._lock:
+            seconds, envs = self._step_seconds, self._step_envs
+            self._step_seconds, self._step_envs = 0.0, 0
+        return 1e6 * seconds / envs if envs else None
+
+    def _open(self, stream: "Stream") -> None:
+        with self._lock:
+            full = len(self._streams) >= self.settings.max_clients
+            if not full:
+                self._streams.add(stream)
+        if full:
+            raise Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the learner already serves backend.max_clients={self.settings.max_clients} client streams: "
+                "raise backend.max_clients on the learner (silent clients are dropped after "
+                f"backend.client_idle_timeout_s={self.settings.client_idle_timeout_s:g} s)",
+            )
+
+    def _close(self, stream: "Stream") -> None:
+        with self._lock:
+            self._streams.discard(stream)
+
+    def _drop_idle_streams(self) -> None:
+        """Cancels streams that have kept the server waiting too long; their handlers then end."""
+        interval = min(1.0, self.settings.client_idle_timeout_s / 4)
+        while not self.stopping.wait(interval):
+            now = time.monotonic()
+            with self._lock:
+                idle = [s for s in self._streams if now - s.waiting_since > self.settings.client_idle_timeout_s]
+            for stream in idle:
+                with self._lock:
+                    self.dropped += 1
+                stream.drop()
+
+    def stop(self, finished: bool) -> None:
+        """Ends every stream at its next step: clients exit when finished, else they reconnect."""
+        self.finished = finished
+        self.stopping.set()
+
+    def _authenticate(self, context) -> None:
+        token = dict(context.invocation_metadata()).get(wire.TOKEN_METADATA_KEY, "")
+        if not hmac.compare_digest(token.encode(), self.token):
+            raise Refused(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or wrong token: start clients with the learner's TORCHBEAST_TOKEN",
+            )
+
+    def _hello(self, raw: bytes | None):
+        if raw is None:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "the stream ended before its hello")
+        try:
+            message = wire.parse(wire.ClientMessage, raw)
+        except wire.WireError as error:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed hello: {error}") from None
+        if message.WhichOneof("kind") != "hello":
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "a stream must start with a hello")
+        hello, spec = message.hello, self.spec
+        theirs = ([(a.name, a.dtype, list(a.shape)) for a in hello.obs], hello.action_space)
+        leaves = [(leaf.key, leaf.dtype.name, list(leaf.shape)) for leaf in spec.leaves]
+        ours = (leaves, wire.action_space_text(spec.actions))
+        if theirs != ours:
+            raise Refused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the client's env {hello.env_id} (observations {_describe(theirs[0])}, "
+                f"actions {theirs[1] or '?'}) does not match the learner's {self.settings.env_id} "
+                f"({_describe(ours[0])}, actions {ours[1]}): start clients with the same env config",
+            )
+        if not 1 <= hello.num_envs <= self.settings.max_envs_per_client:
+            raise Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"num_envs={hello.num_envs} must be in [1, {self.settings.max_envs_per_client}] "
+                "(backend.max_envs_per_client)",
+            )
+        return hello
+
+    def _step(self, raw: bytes, num_envs: int) -> dict:
+        try:
+            message = wire.parse(wire.ClientMessage, raw)
+            return wire.decode_step(message, num_envs, self.spec)
+        except wire.WireError as error:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed step: {error}") from None
+
+
+def _describe(leaves: list) -> str:
+    """Observation leaves as a log reads them: `uint8 [4, 84, 84]` for a frame, else `name: dtype [shape]` each."""
+    if [name for name, _, _ in leaves] == [wire.FRAME]:
+        return f"{leaves[0][1]} {leaves[0][2]}"
+    return "{" + ", ".join(f"{name}: {dtype} {shape}" for name, dtype, shape in leaves) + "}" if leaves else "none"
+
+
+class Stream:
+    """One client stream, and since when the server has been waiting for its next message."""
+
+    def __init__(self, context):
+        self.context = context
+        self.waiting_since = time.monotonic()  # the hello is awaited from the start
+        self.dropped = False
+
+    def receive(self, requests) -> bytes | None:
+        """The next message, or None when the client closed the stream."""
+        try:
+            return next(requests, None)
+        finally:
+            self.waiting_since = float("inf")  # busy on our side: not the client's silence
+
+    def replying(self) -> None:
+        """From here to its next message the stream waits on the client: to take our reply (gRPC's
+        send blocks while a client that stops reading has its window full), then to answer it."""
+        self.waiting_since = time.monotonic()
+
+    def drop(self) -> None:
+        self.dropped = True
+        self.context.cancel()
+
+
+def make_server(pool: ActorPool, address: str, max_message_bytes: int) -> tuple[grpc.Server, int]:
+    """A gRPC server for the pool on address (HOST:PORT, port 0 for any); returns it unstarted, and its port.
+
+    gRPC itself turns away streams beyond pool.settings.max_clients + REFUSAL_HEADROOM with a terse
+    RESOURCE_EXHAUSTED; up to there the pool refuses them with a message that names the setting.
+    """
+    limit = pool.settings.max_clients + REFUSAL_HEADROOM
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=limit + 2, thread_name_prefix="actorpool"),
+        handlers=[pool.handler()],
+        options=wire.channel_options(max_message_bytes),
+        maximum_concurrent_rpcs=limit,
+    )
+    port = server.add_insecure_port(address)
+    return server, port
+
+
+class Session:
+    """One client's envs: their unrolls, their LSTM state, and acting for them."""
+
+    def __init__(self, pool: ActorPool, num_envs: int):
+        self.inference = pool.inference
+        self.core_state = pool.initial_state(num_envs)
+        self.policy_inputs = (*pool.spec.obs_keys, *POLICY_INPUTS)
+        self.builder = RolloutBuilder(
+            rollout_specs(pool.spec),
+            num_envs,
+            pool.settings.unroll_length,
+            self.core_state,
+            pool.settings.cut_at_reset,
+            pool.emit,
+            pool.settings.chunk_size,
+        )
+
+    def step(self, env_outputs: dict) -> np.ndarray:
+        self.builder.add(env_outputs, self.core_state)
+        inputs = {key: torch.from_numpy(env_outputs[key]) for key in self.policy_inputs}
+        inputs.update({f"core_state_{i}": s for i, s in enumerate(self.core_state)})
+        try:
+            outputs = self.inference(inputs)
+        except BatcherClosed:
+            raise
+        except Exception as error:
+            raise InferenceFailed(f"central inference failed: {type(error).__name__}: {error}") from error
+        self.core_state = tuple(outputs[f"core_state_{i}"] for i in range(len(self.core_state)))
+        self.builder.set_agent_outputs({key: value.numpy() for key, value in outputs.items()})
+        return outputs["action"].numpy()
+
+    def close(self) -> int:
+        """Hands on the unfinished unrolls; returns how many there were."""
+        return self.builder.flush()

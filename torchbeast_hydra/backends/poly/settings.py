@@ -1,0 +1,88 @@
+"""PolyBeast's settings: the role, the ActorPool server's address, token, inference batching and
+limits, and the address's parsing."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Optional
+
+from torchbeast_hydra.backends.settings import BackendConfig
+from torchbeast_hydra.errors import ConfigError, require
+
+
+class PolyRole(enum.Enum):
+    all = "all"  # the learner plus local env clients
+    learner = "learner"  # the learner and its ActorPool server only; clients connect from elsewhere
+    env = "env"  # env clients only, connecting to a learner at backend.address
+
+
+@dataclass
+class PolyConfig(BackendConfig):
+    """PolyBeast: the learner hosts an ActorPool gRPC server that runs the policy for every
+    connected env client in dynamic batches and assembles their unrolls. Clients connect to it
+    (it never dials out), from this machine (role=all) or others (role=env); see conf/backend/poly.yaml."""
+
+    name: str = "poly"
+    role: PolyRole = PolyRole.all
+    # The ActorPool server's host:port. Loopback by default; 0.0.0.0:PORT serves other machines.
+    # Port 0 picks a free port. The learner writes the address it serves on to
+    # RUN_DIR/actorpool_address; role=env takes HOST:PORT, or file:PATH to read it from there
+    # (e.g. on a shared filesystem, waiting for the file to appear).
+    address: str = "127.0.0.1:0"
+    # Clients must present this shared secret. Prefer the TORCHBEAST_TOKEN environment variable,
+    # which stays out of the saved config; role=all makes a random one when neither is set.
+    token: Optional[str] = None
+    # Central inference: up to max_batch_size envs per forward pass, waiting at most
+    # batch_timeout_ms after the first request for others to join.
+    max_batch_size: int = 64
+    batch_timeout_ms: float = 2.0
+    # Finished rollouts waiting for the learner (bounds memory); producers wait when it is full.
+    learner_queue_size: int = 64
+    cut_at_reset: bool = True  # an env reset ends its rollout early (a partial, masked rollout)
+    max_clients: int = 64  # concurrent client streams the server accepts; more are refused with a message naming this
+    # A stream the server waits on longer is dropped (its envs' unrolls go on, partial).
+    client_idle_timeout_s: float = 60.0
+    max_envs_per_client: int = 256  # sizes the gRPC message limit: larger steps are refused
+    connect_timeout_s: float = 60.0  # clients wait this long for a learner that is not up (yet)
+    inference_torch_threads: int = 1  # intra-op threads for central inference
+    # Atari ids: clients step their envs in ale-py's native AtariVectorEnv where it reproduces
+    # envs.Environments (see vector_envs.py); false: always the gymnasium envs.
+    vector_env: bool = True
+
+
+ADDRESS_FILE_PREFIX = "file:"
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """'host:port' (or '[::1]:port') -> (host, port); raises ConfigError naming backend.address."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"backend.address={address!r}: use HOST:PORT, e.g. 127.0.0.1:4431.")
+    return host, int(port)
+
+
+def check(cfg) -> None:
+    """poly's slice: the address for the role, the server's sizes and limits."""
+    backend = cfg.backend
+    role = PolyRole(backend.role)
+    if role is PolyRole.env and backend.address.startswith(ADDRESS_FILE_PREFIX):
+        require(len(backend.address) > len(ADDRESS_FILE_PREFIX), "backend.address=file:PATH needs a path.")
+    else:
+        _, port = split_address(backend.address)
+        require(
+            role is not PolyRole.env or port != 0,
+            "backend.role=env needs the learner's address: backend.address=HOST:PORT (or file:PATH).",
+        )
+    for key in ("max_batch_size", "learner_queue_size", "max_clients"):
+        require(backend[key] >= 1, f"backend.{key} must be at least 1.")
+    require(backend.batch_timeout_ms >= 0, "backend.batch_timeout_ms must be >= 0.")
+    require(backend.connect_timeout_s > 0, "backend.connect_timeout_s must be positive.")
+    require(backend.client_idle_timeout_s > 0, "backend.client_idle_timeout_s must be positive.")
+    require(backend.inference_torch_threads >= 1, "backend.inference_torch_threads must be at least 1.")
+    require(backend.max_envs_per_client >= 1, "backend.max_envs_per_client must be at least 1.")
+    require(
+        backend.envs_per_actor <= backend.max_envs_per_client,
+        f"backend.envs_per_actor={backend.envs_per_actor} is above backend.max_envs_per_client="
+        f"{backend.max_envs_per_client}, which sizes the message limit: raise it.",
+    )

@@ -1,0 +1,277 @@
+"""The wire format: protobuf messages (see actorpool.proto) carrying arrays as raw bytes.
+
+The message classes are built from a descriptor at import time, so users need no code
+generation step and any protobuf runtime >= 4.21 works. Arrays travel as bytes + dtype + shape
+and are decoded with numpy, never unpickled; every decode checks what it received against what
+it expects and raises WireError with the reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
+
+from torchbeast_hydra.env.actions import ActionError, ActionSpec, check
+from torchbeast_hydra.env.layout import ENV_KEYS
+
+FRAME = "frame"  # envs.FRAME (not imported: this module must not pull in gymnasium's env registry)
+
+PACKAGE = "torchbeast_hydra.poly"
+SERVICE = f"{PACKAGE}.ActorPool"
+CONNECT = f"/{SERVICE}/Connect"
+TOKEN_METADATA_KEY = "x-torchbeast-token"
+
+# The env outputs a client sends each step, in Step's field order: the rollout layout's env keys.
+# `frame` carries an observation that is one array; a Dict/Tuple observation's leaves travel in
+# Step.obs instead, one named Array each.
+STEP_KEYS = ENV_KEYS
+OTHER_STEP_KEYS = tuple(key for key in STEP_KEYS if key != FRAME)  # reward, done, ..., last_action
+
+
+class WireError(ValueError):
+    """A message that does not fit the protocol; the text says what was wrong."""
+
+
+_F = descriptor_pb2.FieldDescriptorProto
+_SCALARS = dict(bytes=_F.TYPE_BYTES, string=_F.TYPE_STRING, int32=_F.TYPE_INT32, int64=_F.TYPE_INT64)
+
+
+def _message(name: str, fields: list, oneof: str | None = None, skip=()) -> descriptor_pb2.DescriptorProto:
+    """fields: (name, type) pairs numbered from 1, past the reserved numbers in skip (fields that
+    are gone); "repeated T" for lists, message names otherwise."""
+    message = descriptor_pb2.DescriptorProto(name=name)
+    if oneof:
+        message.oneof_decl.add(name=oneof)
+    for number in skip:
+        message.reserved_range.add(start=number, end=number + 1)
+    numbers = (n for n in itertools.count(1) if n not in skip)
+    for number, (field_name, kind) in zip(numbers, fields):
+        repeated = kind.startswith("repeated ")
+        kind = kind.removeprefix("repeated ")
+        field = message.field.add(
+            name=field_name, number=number, label=_F.LABEL_REPEATED if repeated else _F.LABEL_OPTIONAL
+        )
+        if kind in _SCALARS:
+            field.type = _SCALARS[kind]
+        else:
+            field.type, field.type_name = _F.TYPE_MESSAGE, f".{PACKAGE}.{kind}"
+        if oneof:
+            field.oneof_index = 0
+    return message
+
+
+def file_descriptor() -> descriptor_pb2.FileDescriptorProto:
+    """actorpool.proto, as a descriptor."""
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="torchbeast_hydra/poly/actorpool.proto", package=PACKAGE, syntax="proto3"
+    )
+    proto.message_type.extend(
+        [
+            _message(
+                "Array", [("data", "bytes"), ("dtype", "string"), ("shape", "repeated int64"), ("name", "string")]
+            ),
+            _message(
+                "Hello",
+                [("env_id", "string"), ("num_envs", "int32"), ("action_space", "string"), ("obs", "repeated Array")],
+                skip=(3, 4),  # obs_shape and obs_dtype, before observations had leaves
+            ),
+            _message("Step", [*((key, "Array") for key in STEP_KEYS), ("obs", "repeated Array")]),
+            _message("ClientMessage", [("hello", "Hello"), ("step", "Step")], oneof="kind"),
+            _message("Welcome", [("client_id", "int64"), ("seed", "int64")]),
+            _message("Finished", [("reason", "string")]),
+            _message(
+                "ServerMessage", [("welcome", "Welcome"), ("actions", "Array"), ("finished", "Finished")], oneof="kind"
+            ),
+        ]
+    )
+    service = proto.service.add(name="ActorPool")
+    service.method.add(
+        name="Connect",
+        input_type=f".{PACKAGE}.ClientMessage",
+        output_type=f".{PACKAGE}.ServerMessage",
+        client_streaming=True,
+        server_streaming=True,
+    )
+    return proto
+
+
+_pool = descriptor_pool.DescriptorPool()
+_pool.Add(file_descriptor())
+
+
+def _class(name: str):
+    return message_factory.GetMessageClass(_pool.FindMessageTypeByName(f"{PACKAGE}.{name}"))
+
+
+Array = _class("Array")
+Hello = _class("Hello")
+Step = _class("Step")
+ClientMessage = _class("ClientMessage")
+Welcome = _class("Welcome")
+Finished = _class("Finished")
+ServerMessage = _class("ServerMessage")
+
+
+def max_message_bytes(spec, max_envs: int) -> int:
+    """The largest Step a client may send: max_envs envs' observations (every leaf), last actions
+    and scalars, with headroom. spec: envs.EnvSpec."""
+    per_env = spec.obs_bytes + 8 * spec.actions.size + 64
+    return max_envs * per_env + 64 * 1024 + 256 * len(spec.leaves)
+
+
+def channel_options(max_message_bytes: int) -> list:
+    """gRPC options both ends of a stream use (server and client)."""
+    return [
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.max_receive_message_length", max_message_bytes),
+        # Notice a vanished peer (a machine that went away without closing the connection).
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+    ]
+
+
+def encode_array(array: np.ndarray, message=None):
+    message = Array() if message is None else message
+    # In native byte order: the dtype's name does not carry it (an env may return big-endian arrays).
+    array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
+    message.data = array.tobytes()
+    message.dtype = array.dtype.name
+    message.shape[:] = array.shape
+    return message
+
+
+def decode_array(message, name: str, dtype: str, shape: tuple) -> np.ndarray:
+    """The array in message, which must have exactly this dtype and shape: a read-only array over
+    the bytes the message hands out, with no further copy (the unrolls copy every frame anyway).
+    """
+    if message.dtype != dtype or tuple(message.shape) != tuple(shape):
+        raise WireError(f"{name}: expected {dtype} {list(shape)}, got {message.dtype or '?'} {list(message.shape)}")
+    data = message.data
+    if len(data) != math.prod(shape) * np.dtype(dtype).itemsize:
+        raise WireError(f"{name}: {len(data)} bytes do not make a {dtype} array of shape {list(shape)}")
+    # numpy and torch take any nonzero byte as a bool but leave it as it is, which later ops need not handle.
+    if dtype == "bool" and data and np.frombuffer(data, np.uint8).max() > 1:
+        raise WireError(f"{name}: bool bytes must be 0 or 1")
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def parse(message_class, raw: bytes):
+    message = message_class()
+    try:
+        message.ParseFromString(raw)
+    except (DecodeError, RuntimeError, ValueError) as error:
+        raise WireError(f"not a {message_class.__name__} ({error})") from None
+    return message
+
+
+def action_space_text(spec: ActionSpec) -> str:
+    """The action space as a Hello carries it (JSON): the server compares it with its own."""
+    return json.dumps(spec.signature(), sort_keys=True)
+
+
+def encode_hello(spec, env_id: str, num_envs: int) -> bytes:
+    """A stream's first message: the env (spec: envs.EnvSpec) the server checks the client against,
+    each observation leaf's name, dtype and shape (no data) and the action space."""
+    message = ClientMessage()
+    hello = message.hello
+    hello.env_id, hello.num_envs = env_id, num_envs
+    hello.action_space = action_space_text(spec.actions)
+    for leaf in spec.leaves:
+        hello.obs.add(name=leaf.key, dtype=leaf.dtype.name, shape=leaf.shape)
+    return message.SerializeToString()
+
+
+def encode_step(outputs: dict, obs_keys: tuple = (FRAME,)) -> bytes:
+    """outputs: the env keys' arrays [num_envs, ...]; obs_keys: the observation's (EnvSpec.obs_keys)."""
+    # A fresh message each step: reassigning a reused message's bytes fields grows its arena (slower).
+    message = ClientMessage()
+    step = message.step
+    for key in OTHER_STEP_KEYS:
+        encode_array(outputs[key], getattr(step, key))
+    if obs_keys == (FRAME,):
+        encode_array(outputs[FRAME], step.frame)
+    else:
+        for key in obs_keys:
+            encode_array(outputs[key], step.obs.add()).name = key
+    return message.SerializeToString()
+
+
+def decode_step(message, num_envs: int, spec) -> dict:
+    """A ClientMessage's Step as arrays [num_envs, ...], views of its bytes; checks every array
+    against spec (envs.EnvSpec): names, dtypes, shapes and value ranges."""
+    if message.WhichOneof("kind") != "step":
+        raise WireError(f"expected a step, got {message.WhichOneof('kind') or 'an empty message'}")
+    step = message.step
+    arrays = _decode_obs(step, num_envs, spec)
+    for key in OTHER_STEP_KEYS:
+        shape, dtype = spec.step_specs[key]
+        arrays[key] = decode_array(getattr(step, key), key, dtype.name, (num_envs, *shape))
+    try:
+        check(spec.actions, arrays["last_action"], "last_action")
+    except ActionError as error:
+        raise WireError(str(error)) from None
+    if not (np.isfinite(arrays["reward"]).all() and np.isfinite(arrays["episode_return"]).all()):
+        raise WireError("reward and episode_return must be finite")
+    return arrays
+
+
+def _decode_obs(step, num_envs: int, spec) -> dict:
+    """The observation's leaves: Step.frame for one array (no loop), else Step.obs, one named Array each."""
+    if spec.single:
+        if step.obs:
+            raise WireError(f"extra observation leaves {[a.name for a in step.obs]}: this env's observation is a frame")
+        leaf = spec.leaves[0]
+        return {FRAME: check_leaf(leaf, decode_array(step.frame, FRAME, leaf.dtype.name, (num_envs, *leaf.shape)))}
+    if step.HasField(FRAME):
+        raise WireError("extra observation leaf frame: this env's observation has leaves, sent in Step.obs")
+    sent = {array.name: array for array in step.obs}
+    missing, extra = [k for k in spec.obs_keys if k not in sent], [k for k in sent if k not in spec.obs_keys]
+    if missing or extra or len(sent) != len(step.obs):
+        names = [array.name for array in step.obs]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        raise WireError(
+            f"observation leaves: missing {missing}, extra {extra}, sent twice {twice} "
+            f"(this env's: {list(spec.obs_keys)})"
+        )
+    return {
+        leaf.key: check_leaf(leaf, decode_array(sent[leaf.key], leaf.key, leaf.dtype.name, (num_envs, *leaf.shape)))
+        for leaf in spec.leaves
+    }
+
+
+def check_leaf(leaf, array: np.ndarray) -> np.ndarray:
+    """array [num_envs, ...] if its values fit the leaf's space (envs.Leaf); WireError naming the leaf if not."""
+    if leaf.kind == "Box" and array.dtype.kind in "fc":
+        # Finite only, not within bounds: envs' float observations often stray past their declared ones.
+        if not np.isfinite(array).all():
+            raise WireError(f"{leaf.key} has non-finite values (NaN/inf) for envs {_bad_rows(np.isfinite(array))}")
+    elif leaf.kind == "MultiBinary":
+        binary = (array == 0) | (array == 1)
+        if not binary.all():
+            raise WireError(f"{leaf.key} has values other than 0 and 1 for envs {_bad_rows(binary)}")
+    elif leaf.integer_bounds is not None:  # ids that index an embedding: in range, or refused
+        low, high = leaf.integer_bounds
+        inside = (array >= low) & (array <= high)
+        if not inside.all():
+            raise WireError(f"{leaf.key} is outside {leaf.space} for envs {_bad_rows(inside)}")
+    return array
+
+
+def _bad_rows(good: np.ndarray) -> list:
+    """The envs (rows) where some entry of the boolean array is False."""
+    return np.flatnonzero(~good.reshape(len(good), -1).all(axis=1)).tolist()
+
+
+def decode_actions(message, num_envs: int, spec: ActionSpec) -> np.ndarray:
+    """The actions a client is sent, [num_envs, *step_shape], checked against its env's space."""
+    actions = decode_array(message, "actions", spec.dtype, (num_envs, *spec.step_shape)).copy()
+    try:
+        check(spec, actions)
+    except ActionError as error:
+        raise WireError(str(error)) from None
+    return actions

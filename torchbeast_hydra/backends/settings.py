@@ -1,0 +1,68 @@
+"""What both backends share: actor processes, each stepping a few envs together, sized to the
+machine when left at 0 (auto). Each backend's own schema and checks: mono/settings.py,
+poly/settings.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import MISSING
+
+from torchbeast_hydra.errors import require
+from torchbeast_hydra.run.devices import usable_cores
+
+
+@dataclass
+class BackendConfig:
+    """What both backends share: actor processes, each stepping a few envs together."""
+
+    name: str = MISSING
+    # mono: acting processes; poly: env client processes (role=all and role=env).
+    # 0: auto (auto_actors): mono an actor per core but one, poly a client per 4 cores; at least 4.
+    num_actors: int = 0
+    # Envs per actor, stepped together: evaluated as one batch (mono) or sent as one message (poly).
+    # 0: auto (auto_actors): mono 4, poly 4 per core a client gets.
+    envs_per_actor: int = 0
+    # Intra-op threads per learner thread; 0: auto (a CPU learner: the cores this process may use;
+    # a GPU learner: a few, enough for its host-side copies, leaving the cores to the actors).
+    learner_torch_threads: int = 0
+    # Learner updates between copies of the weights to the acting policy (mono's actors, poly's
+    # inference). 1: after every update. On a GPU the copy never makes the learner wait.
+    publish_interval: int = 1
+    max_actor_restarts: int = 10  # a run whose actors keep dying stops with an error
+
+
+def auto_actors(backend: str, cores: int) -> tuple[int, int]:
+    """(num_actors, envs_per_actor) sized to a machine with this many cores.
+
+    mono: an actor per core but one (the learner process's batching and Python need a core),
+    4 envs each, and never fewer than the 4 x 4 that the 2-core figures were taken with.
+    poly: a client per 4 cores (each steps its envs on cores // clients native threads, Atari),
+    with 4 envs per thread in each message: many envs per message keeps the server's per-message
+    cost small.
+    """
+    if backend == "poly":
+        clients = max(4, cores // 4)
+        return clients, max(4, 4 * (cores // clients))
+    return max(4, cores - 1), 4
+
+
+def resolve_auto(backend) -> None:
+    """Replaces num_actors / envs_per_actor left at 0 (auto) with auto_actors' sizes, in place (on
+    the resolved copy that config.validate returns, never on the user's config)."""
+    if backend.num_actors == 0 or backend.envs_per_actor == 0:
+        actors, envs = auto_actors(backend.name, usable_cores())
+        if backend.num_actors == 0:
+            backend.num_actors = actors
+        if backend.envs_per_actor == 0:
+            backend.envs_per_actor = envs
+
+
+def check(cfg) -> None:
+    """What every backend's slice must hold (after resolve_auto)."""
+    backend = cfg.backend
+    require(backend.max_actor_restarts >= 0, "backend.max_actor_restarts must be >= 0.")
+    require(backend.learner_torch_threads >= 0, "backend.learner_torch_threads must be >= 0 (0: auto).")
+    require(backend.publish_interval >= 1, "backend.publish_interval must be at least 1 (updates).")
+    require(backend.num_actors >= 1, "backend.num_actors must be at least 1 (or 0: auto).")
+    require(backend.envs_per_actor >= 1, "backend.envs_per_actor must be at least 1 (or 0: auto).")

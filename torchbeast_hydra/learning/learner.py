@@ -1,0 +1,266 @@
+"""The learning math, shared by every backend: V-trace targets, IMPALA losses, one optimiser step.
+
+A batch is a dict of tensors [T+1, B, ...] on the learner's device. Row 0 repeats the last row of
+the previous unroll. Row t+1 holds the env's response (frame, reward, done) to the action taken
+at row t, together with that action and the behaviour policy's logits; so the learning math uses
+rows 1..T of the batch against the learner's outputs for rows 0..T-1, and the learner's value at
+row T bootstraps the return. `mask` (rows 1..T) marks real steps; partial rollouts are padded.
+
+The learning math never asks which action space it is: the action distribution (distributions.py,
+the model's `dist`) scores actions, and V-trace's importance weights are log-probability
+differences, log rho = log pi(a|x) - log mu(a|x), summed over an action's independent dimensions.
+
+The loss is a dict of named terms (pg_loss, baseline_loss, entropy_loss, and yours from
+vtrace.extra_losses), each a function of `LossInputs` times its cost; the learner sums them and
+logs each one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import hydra
+import torch
+from torch import nn
+
+from torchbeast_hydra.agent.distributions import Distribution, distribution
+from torchbeast_hydra.env.actions import ActionSpec
+from torchbeast_hydra.errors import ConfigError
+from torchbeast_hydra.learning import accel, vtrace
+from torchbeast_hydra.learning.settings import OnNonFinite, OptimConfig, OptimName, RewardClipping, VtraceConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LossInputs:
+    """What a loss term sees: the batch's steps, the learner's outputs on them, the V-trace targets.
+
+    steps: the batch's rows 1..T ([T, B, ...]: reward, done, action, the behaviour policy's
+    policy_logits, ...); outputs: the learner's forward pass on rows 0..T-1 (policy_logits,
+    baseline) and bootstrap_value its baseline at row T; rewards: clipped and scaled as
+    configured; mask: 1.0 on real steps, 0.0 on padding (multiply every per-step term by it);
+    dist: the action distribution (log_prob, entropy, kl of policy_logits; distributions.py).
+    """
+
+    cfg: VtraceConfig
+    steps: dict
+    outputs: dict
+    bootstrap_value: torch.Tensor
+    rewards: torch.Tensor
+    mask: torch.Tensor
+    targets: vtrace.VTraceReturns
+    dist: Distribution
+
+
+# A loss term: LossInputs -> a scalar tensor (summed over time and batch, as in TorchBeast).
+LossTerm = Callable[[LossInputs], torch.Tensor]
+
+
+def policy_gradient_term(inputs: LossInputs) -> torch.Tensor:
+    log_probs = inputs.dist.log_prob(inputs.outputs["policy_logits"], inputs.steps["action"])
+    return -(log_probs * inputs.targets.pg_advantages.detach() * inputs.mask).sum()
+
+
+def baseline_term(inputs: LossInputs) -> torch.Tensor:
+    return 0.5 * (((inputs.targets.vs - inputs.outputs["baseline"]) ** 2) * inputs.mask).sum()
+
+
+def entropy_term(inputs: LossInputs) -> torch.Tensor:
+    return -(inputs.dist.entropy(inputs.outputs["policy_logits"]) * inputs.mask).sum()
+
+
+# IMPALA's terms: name -> (term, the vtrace config field holding its cost; None: cost 1).
+BUILTIN_TERMS = {
+    "pg_loss": (policy_gradient_term, None),
+    "baseline_loss": (baseline_term, "baseline_cost"),
+    "entropy_loss": (entropy_term, "entropy_cost"),
+}
+
+
+def loss_terms(cfg: VtraceConfig) -> dict:
+    """name -> (term, cost): IMPALA's terms, then vtrace.extra_losses (yours, by import path)."""
+    terms = {
+        name: (term, 1.0 if field is None else getattr(cfg, field)) for name, (term, field) in BUILTIN_TERMS.items()
+    }
+    for name, extra in (getattr(cfg, "extra_losses", None) or {}).items():
+        if name in terms or name == "total_loss" or not name.endswith("_loss"):
+            raise ConfigError(
+                f"vtrace.extra_losses.{name}: name extra terms <something>_loss, "
+                f"other than total_loss and {', '.join(BUILTIN_TERMS)}."
+            )
+        try:
+            term = hydra.utils.get_method(extra["fn"])
+        except Exception as error:
+            raise ConfigError(
+                f"vtrace.extra_losses.{name}.fn={extra['fn']!r} is not an importable "
+                f"function (module.function): {error}"
+            ) from error
+        terms[name] = (term, float(extra["cost"]))
+    return terms
+
+
+def compute_losses(
+    cfg: VtraceConfig, batch: dict, outputs: dict, terms: dict | None = None, dist: Distribution | None = None
+) -> dict:
+    """The loss terms (each times its cost) and their sum, total_loss (to differentiate).
+
+    batch: the rollouts [T+1, B, ...]; outputs: the learner's forward pass over them; terms:
+    loss_terms(cfg), resolved once by the caller (default: resolved here); dist: the model's
+    action distribution (default: a categorical over policy_logits, a Discrete space).
+    """
+    inputs = loss_inputs(cfg, batch, outputs, dist)
+    terms = loss_terms(cfg) if terms is None else terms
+    losses = {name: cost * term(inputs) for name, (term, cost) in terms.items()}
+    return dict(total_loss=sum(losses.values()), **losses)
+
+
+def loss_inputs(cfg: VtraceConfig, batch: dict, outputs: dict, dist: Distribution | None = None) -> LossInputs:
+    """Aligns rows (learner outputs 0..T-1 against batch rows 1..T) and computes V-trace targets."""
+    if dist is None:
+        dist = distribution(ActionSpec.discrete(outputs["policy_logits"].shape[-1]))
+    bootstrap_value = outputs["baseline"][-1]
+    steps = {key: value[1:] for key, value in batch.items()}
+    outputs = {key: value[:-1] for key, value in outputs.items()}
+    mask = steps["mask"].float()
+
+    rewards = steps["reward"]
+    if RewardClipping(cfg.reward_clipping) is RewardClipping.abs_one:
+        rewards = rewards.clamp(-1, 1)
+    if cfg.reward_scale != 1.0:
+        rewards = rewards * cfg.reward_scale
+    discounts = (~steps["done"]).float() * cfg.discounting
+
+    behavior_log_probs = dist.log_prob(steps["policy_logits"], steps["action"])
+    target_log_probs = dist.log_prob(outputs["policy_logits"], steps["action"])
+    # A zero importance weight on padding zeroes its TD errors, so nothing flows back from it
+    # into the targets of real steps (the last real value still bootstraps them).
+    log_rhos = (target_log_probs - behavior_log_probs).masked_fill(mask == 0, -math.inf)
+    targets = vtrace.from_importance_weights(
+        log_rhos=log_rhos,
+        discounts=discounts,
+        rewards=rewards,
+        values=outputs["baseline"],
+        bootstrap_value=bootstrap_value,
+        clip_rho_threshold=cfg.clip_rho_threshold,
+        clip_pg_rho_threshold=cfg.clip_pg_rho_threshold,
+    )
+    return LossInputs(cfg, steps, outputs, bootstrap_value, rewards, mask, targets, dist)
+
+
+def make_optimizer(cfg: OptimConfig, params) -> torch.optim.Optimizer:
+    if OptimName(cfg.name) is OptimName.rmsprop:
+        optimizer = torch.optim.RMSprop(
+            params, lr=cfg.learning_rate, alpha=cfg.alpha, eps=cfg.epsilon, momentum=cfg.momentum
+        )
+        start_square_avg(optimizer, cfg.initial_square_avg)
+        return optimizer
+    return torch.optim.Adam(params, lr=cfg.learning_rate, betas=tuple(cfg.betas), eps=cfg.epsilon)
+
+
+def start_square_avg(optimizer: torch.optim.RMSprop, value: float) -> None:
+    """Starts RMSProp's mean of squared gradients at `value` (torch starts it at 0 on the first step;
+    state already present is used as it is). A checkpoint's state replaces this on resume."""
+    if value == 0:
+        return
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state[param]
+            state["step"] = torch.zeros((), dtype=torch.float32)
+            state["square_avg"] = torch.full_like(param, value, memory_format=torch.preserve_format)
+            if group["momentum"] > 0:
+                state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            if group["centered"]:
+                state["grad_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+
+
+def make_scheduler(cfg: OptimConfig, optimizer, steps_done, total_steps: int):
+    """Linear annealing to zero at total_steps (TorchBeast's schedule), or a constant rate.
+
+    steps_done() returns the env steps learned from so far: counting steps rather than updates
+    keeps the schedule right when partial rollouts make updates of different sizes.
+    """
+    if not cfg.anneal_lr:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: 1.0)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: max(0.0, 1.0 - steps_done() / total_steps))
+
+
+class NonFiniteUpdate(RuntimeError):
+    """A NaN/inf loss or gradient with optim.on_nonfinite=stop."""
+
+
+class Learner:
+    """The model being trained, its optimiser and LR schedule, and one update on a batch."""
+
+    def __init__(self, cfg, model: nn.Module, device: torch.device):
+        self.cfg = cfg
+        self.device = device
+        self.model = model.to(device)
+        self.forward = accel.forward_fn(cfg.accel, self.model)  # shares the model's parameters
+        self.optimizer = make_optimizer(cfg.optim, model.parameters())
+        self.steps = 0  # env steps learned from (real steps: the mask's count)
+        self.scheduler = make_scheduler(cfg.optim, self.optimizer, lambda: self.steps, cfg.total_steps)
+        self.skipped_updates = 0
+        self.loss_terms = loss_terms(cfg.vtrace)  # a bad vtrace.extra_losses fails here, before acting
+
+    def update(self, batch: dict, initial_core_state: tuple, steps: int | None = None) -> dict:
+        """One optimisation step; returns floats for logging. Non-finite updates are skipped.
+
+        steps: the batch's real steps, when the caller counted them on the CPU copy (on a GPU,
+        counting them here would wait for the device)."""
+        self.steps += int(batch["mask"][1:].sum()) if steps is None else steps
+        self.model.train()
+        with accel.autocast(self.cfg.accel, self.device):
+            outputs, _ = self.forward(batch, initial_core_state, action="none")
+        outputs = {key: value.float() for key, value in outputs.items()}  # V-trace and the losses in fp32
+        losses = compute_losses(self.cfg.vtrace, batch, outputs, self.loss_terms, self.model.dist)
+        self.optimizer.zero_grad(set_to_none=True)
+        losses["total_loss"].backward()
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_norm_clipping)
+        # One device-to-host copy for all the figures: on a GPU each .item() would wait on its own.
+        names = [*losses, "grad_norm"]
+        stats = dict(zip(names, torch.stack([*losses.values(), grad_norm]).detach().tolist()))
+        if math.isfinite(stats["total_loss"]) and math.isfinite(stats["grad_norm"]):
+            self.optimizer.step()
+        elif OnNonFinite(self.cfg.optim.on_nonfinite) is OnNonFinite.stop:
+            raise NonFiniteUpdate(
+                f"non-finite loss or gradient ({stats}); the weights were not updated. Look for NaN/inf "
+                "rewards or observations, or lower optim.learning_rate; optim.on_nonfinite=skip skips "
+                "such updates instead."
+            )
+        else:
+            self.skipped_updates += 1
+            log.warning("Skipped an update with a non-finite loss or gradient: %s", stats)
+        self.scheduler.step()
+        stats["learning_rate"] = self.scheduler.get_last_lr()[0]
+        return stats
+
+    def state_dict(self) -> dict:
+        return dict(
+            model=self.model.state_dict(),
+            optimizer=self.optimizer.state_dict(),
+            scheduler=self.scheduler.state_dict(),
+            steps=self.steps,
+        )
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.steps = state["steps"]
+        self._apply_config_hyperparameters()
+
+    def _apply_config_hyperparameters(self) -> None:
+        """The config's optimiser settings over the checkpoint's, and the LR schedule re-derived from
+        them: a run resumed with a new learning rate, epsilon or total_steps uses the new values
+        (resume.py lists the changes), while the optimiser's running state carries over."""
+        configured = make_optimizer(self.cfg.optim, [torch.zeros(1)]).param_groups[0]
+        settings = {key: value for key, value in configured.items() if key != "params"}
+        lr = self.cfg.optim.learning_rate
+        factor = self.scheduler.lr_lambdas[0](self.scheduler.last_epoch)
+        for group in self.optimizer.param_groups:
+            group.update(settings, initial_lr=lr, lr=lr * factor)
+        self.scheduler.base_lrs = [lr] * len(self.optimizer.param_groups)

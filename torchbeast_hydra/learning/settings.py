@@ -1,0 +1,125 @@
+"""The learning math's settings: V-trace and the IMPALA losses (vtrace group), the optimiser
+(optim group) and the speed options (accel), with the checks that types cannot express."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+from torchbeast_hydra.errors import require
+
+
+class OptimName(enum.Enum):
+    rmsprop = "rmsprop"
+    adam = "adam"
+
+
+class OnNonFinite(enum.Enum):
+    skip = "skip"  # drop that update (weights and optimiser state untouched) and go on
+    stop = "stop"  # stop the run with an error; the last checkpoint holds the last good weights
+
+
+class RewardClipping(enum.Enum):
+    abs_one = "abs_one"  # to [-1, 1], as in IMPALA on Atari
+    none = "none"
+
+
+@dataclass
+class VtraceConfig:
+    """V-trace targets and the IMPALA losses, with the IMPALA paper's values."""
+
+    discounting: float = 0.99  # gamma
+    baseline_cost: float = 0.5  # weight of the value (baseline) loss
+    # Weight of the entropy bonus. MonoBeast's 0.0006 never learned Pong: see docs/defaults.md.
+    entropy_cost: float = 0.01
+    reward_clipping: RewardClipping = RewardClipping.abs_one
+    reward_scale: float = 1.0  # rewards (after clipping) times this in the learning math, e.g. 0.1 for MuJoCo
+    clip_rho_threshold: Optional[float] = 1.0  # rho-bar of the value targets; null: no clipping
+    clip_pg_rho_threshold: Optional[float] = 1.0  # rho-bar for the policy gradient's advantages; null: no clipping
+    # Your own loss terms, added to IMPALA's: name (ending in _loss, logged under it) ->
+    # {fn: module.function (LossInputs -> scalar tensor, see learner.py), cost: its weight}, e.g.
+    # +vtrace.extra_losses.kl_loss={fn:my_losses.kl_to_behaviour,cost:0.1}
+    extra_losses: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimConfig:
+    """What every optimiser has; each has its own schema below, so a config shows only its fields."""
+
+    name: OptimName = MISSING
+    learning_rate: float = 0.0006  # the IMPALA paper's (MonoBeast: 0.00048)
+    epsilon: float = 0.01  # added to the denominator, for stability
+    grad_norm_clipping: float = 40.0  # the gradients' global norm is clipped to this
+    anneal_lr: bool = True  # linearly to zero at total_steps
+    on_nonfinite: OnNonFinite = OnNonFinite.skip  # a NaN/inf loss or gradient
+
+
+@dataclass
+class RMSPropConfig(OptimConfig):
+    """RMSProp as in TorchBeast and the IMPALA paper."""
+
+    name: OptimName = OptimName.rmsprop
+    alpha: float = 0.99  # smoothing constant
+    momentum: float = 0.0  # torch's RMSProp momentum; 0: none, as in IMPALA
+    # The running mean of squared gradients starts here. torch starts it at 0, which makes the
+    # first updates up to 1/sqrt(1 - alpha) = 10x the learning rate: on Atari that burst kills
+    # most of the conv net's ReLUs before anything is learned. TensorFlow's RMSProp (IMPALA's
+    # reference implementation) starts it at 1: updates grow into the learning rate instead
+    # (docs/defaults.md).
+    initial_square_avg: float = 1.0
+
+
+@dataclass
+class AdamConfig(OptimConfig):
+    """Adam (torch.optim.Adam)."""
+
+    name: OptimName = OptimName.adam
+    learning_rate: float = 0.0003
+    epsilon: float = 1e-8
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # decay of the gradient's mean and square
+
+
+@dataclass
+class AccelConfig:
+    """Speed options (accel.py). Those that change the numbers are off by default; each is
+    checked against the fp32 result in tests/test_gpu.py."""
+
+    cudnn_benchmark: bool = False  # cuDNN times conv algorithms per input shape and keeps the fastest
+    tf32: bool = False  # TF32 matmuls and convolutions on Ampere and later GPUs (10-bit mantissa)
+    # The model's forward pass under bfloat16 autocast (GPU, or CPU); V-trace and the losses stay fp32.
+    bf16_autocast: bool = False
+    compile: bool = False  # torch.compile the learner's model (a slow first update: it compiles)
+    # One nn.LSTM call per stretch of the unroll between episode starts, rather than one per step:
+    # the same math (equal to rounding), one call when no episode ends inside the unroll.
+    lstm_segments: bool = True
+
+
+def check(cfg) -> None:
+    """The vtrace and optim slices' checks."""
+    vtrace, optim = cfg.vtrace, cfg.optim
+    require(0.0 <= vtrace.discounting <= 1.0, "vtrace.discounting must be in [0, 1].")
+    for key in ("baseline_cost", "entropy_cost"):
+        require(vtrace[key] >= 0, f"vtrace.{key} must be >= 0.")
+    require(vtrace.reward_scale > 0, "vtrace.reward_scale must be positive.")
+    for key in ("clip_rho_threshold", "clip_pg_rho_threshold"):
+        value = vtrace[key]
+        require(value is None or value > 0, f"vtrace.{key} must be positive or null (no clipping).")
+    for name, term in vtrace.extra_losses.items():
+        require(
+            isinstance(term, Mapping)
+            and set(term) == {"fn", "cost"}
+            and isinstance(term["fn"], str)
+            and isinstance(term["cost"], (int, float))
+            and not isinstance(term["cost"], bool),
+            f"vtrace.extra_losses.{name} must be {{fn: module.function, cost: a number}}, e.g. "
+            f"+vtrace.extra_losses.{name}={{fn:my_losses.kl_to_behaviour,cost:0.1}}.",
+        )
+    require(optim.learning_rate > 0, f"optim.learning_rate={optim.learning_rate} must be positive.")
+    require(optim.epsilon > 0, "optim.epsilon must be positive.")
+    require(optim.grad_norm_clipping > 0, "optim.grad_norm_clipping must be positive.")
+    if OptimName(optim.name) is OptimName.adam:
+        require(len(optim.betas) == 2, "optim.betas must have two values, e.g. [0.9,0.999].")

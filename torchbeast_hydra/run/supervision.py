@@ -1,0 +1,105 @@
+"""Acting processes (mono actors, poly env clients): started, watched, and replaced when they die."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+
+class ActorProcesses:
+    """Acting processes (mono actors, poly env clients), replaced when they die, up to a limit.
+
+    start(index, number) starts the process for slot `index`; `number` counts every start of the
+    run (replacements too), for actor_seed. on_exit(index) cleans up after a process that ended.
+    An exit code in `final` is never replaced (the process finished its job); one in `fatal`
+    stops the run with that message (a restart could not fix it).
+    """
+
+    def __init__(
+        self,
+        start: Callable[[int, int], Any],
+        count: int,
+        max_restarts: int,
+        what: str = "Actor",
+        on_exit: Callable[[int], None] = lambda index: None,
+        final=(),
+        fatal=None,
+    ):
+        self._start_process, self.count, self.max_restarts = start, count, max_restarts
+        self.what, self.on_exit, self.final, self.fatal = what, on_exit, tuple(final), dict(fatal or {})
+        self.processes = {}
+        self.restarts = 0
+        self.started = 0
+        self.exit_codes = []  # of processes that ended for good
+
+    def start(self) -> None:
+        for index in range(self.count):
+            self._start(index)
+
+    def _start(self, index: int) -> None:
+        self.processes[index] = self._start_process(index, self.started)
+        self.started += 1
+
+    def supervise(self, replace: bool, broken=()) -> None:
+        """Replaces processes that died (or whose pipe broke) while `replace`; raises when they keep dying."""
+        for index, process in list(self.processes.items()):
+            if process.is_alive() and index not in broken:
+                continue
+            process.join(timeout=1.0)
+            if process.is_alive():  # its pipe broke but it lingers: end it
+                process.kill()
+                process.join()
+            del self.processes[index]
+            self.on_exit(index)
+            code = process.exitcode
+            if not replace or code in self.final:
+                self.exit_codes.append(code)
+                continue
+            if code in self.fatal:
+                raise RuntimeError(self.fatal[code].format(index=index))
+            self.restarts += 1
+            log.error(
+                "%s %d (pid %s) %s; starting a replacement (%d/%d).",
+                self.what,
+                index,
+                process.pid,
+                describe_exit(code),
+                self.restarts,
+                self.max_restarts,
+            )
+            if self.restarts > self.max_restarts:
+                raise RuntimeError(
+                    f"{self.what.lower()}s died {self.restarts} times (last exit code {code}); see the log "
+                    "above for the cause. Raise backend.max_actor_restarts if crashes are expected."
+                )
+            self._start(index)
+
+    @property
+    def running(self) -> bool:
+        return any(process.is_alive() for process in self.processes.values())
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Waits up to timeout for the processes to exit (after being told to), then ends them."""
+        deadline = time.monotonic() + timeout
+        for process in self.processes.values():
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=2.0)
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """An actor's end in words; a SIGKILL is most often the kernel's out-of-memory killer."""
+    text = f"died with exit code {exitcode}"
+    if exitcode == -9:
+        text += (
+            " (SIGKILL: most often the kernel's out-of-memory killer, see `dmesg`; if memory is short, "
+            "lower backend.num_actors, batch_size or unroll_length)"
+        )
+    return text

@@ -1,0 +1,210 @@
+"""The run's state: the learner plus the run dir (resume, checkpoints, stats), one for every backend.
+
+`TrainingRun` resumes from the run dir's checkpoint on start (resume.py says when it may),
+updates the learner thread-safely, logs each update's row and checkpoints on a timer and at exit,
+so mono and poly resume, log and checkpoint identically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shlex
+import signal
+import threading
+import time
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+from torchbeast_hydra.agent.models import make_model
+from torchbeast_hydra.env.spaces import EnvSpec
+from torchbeast_hydra.learning import accel
+from torchbeast_hydra.learning.learner import Learner
+from torchbeast_hydra.logs.metrics import CsvLog, Stats, duration
+from torchbeast_hydra.logs.wandb_log import WandbLog, hydra_labels
+from torchbeast_hydra.run import checkpoint
+from torchbeast_hydra.run.devices import device_name, resolve_device
+from torchbeast_hydra.run.resume import check_resumable, config_changes, describe_changes, env_signature
+from torchbeast_hydra.run.seeding import seed_everything
+from torchbeast_hydra.run.settings import to_plain_dict
+from torchbeast_hydra.run.signals import StopOnSignals
+
+log = logging.getLogger(__name__)
+
+
+class RunDirError(RuntimeError):
+    """The run dir cannot be written (disk full, permissions); the message says what to do."""
+
+
+@contextlib.contextmanager
+def writing(what: Path):
+    """Turns an OSError while writing `what` into a RunDirError that says how to recover."""
+    try:
+        yield
+    except OSError as error:
+        raise RunDirError(
+            f"cannot write {what}: {error.strerror or error}. Free disk space or fix the permissions, "
+            "then start again in this run dir: it resumes from the last complete checkpoint."
+        ) from None
+
+
+class TrainingRun:
+    """The learner plus the run dir's state: resumes on start, checkpoints on a timer and at exit."""
+
+    def __init__(self, cfg, run_dir: str | Path, spec: EnvSpec):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.spec = spec
+        self.device = resolve_device(cfg.device)
+        accel.apply_switches(cfg.accel)
+        seed_everything(cfg.seed)  # before the model is built: its initial weights follow the seed
+        self.learner = Learner(cfg, make_model(cfg.model, spec), self.device)
+        self.lock = threading.Lock()  # guards the learner and stats between updates and saves
+        self.stop_requested = threading.Event()
+        self.stopped_by: StopOnSignals | None = None  # set by the backend; see launch.hand_over
+
+        self.checkpoint_path = checkpoint.path_in(self.run_dir)
+        self.config_changes = {}  # on resume: key -> (the checkpoint's value, this run's)
+        start_step, episodes, elapsed_s = 0, 0, 0.0
+        if self.checkpoint_path.exists():
+            # On the CPU: the RNG states must stay there; load_state_dict moves the rest to the device.
+            state = checkpoint.load(self.checkpoint_path, map_location="cpu")
+            check_resumable(self.checkpoint_path, state, cfg, spec, self.learner.model.state_dict())
+            self.learner.load_state_dict(state["learner"])
+            checkpoint.set_rng_state(state["rng"])
+            start_step, episodes = state["step"], state["stats"]["episodes"]
+            elapsed_s = state["stats"].get("time_s", 0.0)  # absent in older checkpoints
+            log.info("Resuming from %s at step %d.", self.checkpoint_path, start_step)
+            self.config_changes = config_changes(state.get("config", {}), to_plain_dict(cfg))
+            for line in describe_changes(self.config_changes):
+                log.warning(line)
+        self.resumed = start_step > 0
+        sinks = []
+        self.csv_path = self.run_dir / "logs.csv"
+        if cfg.logger.csv:
+            with writing(self.csv_path):
+                sinks.append(CsvLog(self.csv_path, resume_step=start_step))
+        if cfg.logger.tensorboard:
+            from torchbeast_hydra.logs.tensorboard_log import TensorboardLog
+
+            sinks.append(TensorboardLog(self.run_dir, resume_step=start_step))
+        group, name, tags = hydra_labels()
+        self.wandb = wandb_log = WandbLog(
+            cfg.logger.wandb,
+            self.run_dir,
+            group=group,
+            name=name,
+            tags=tags,
+            config=to_plain_dict(cfg),
+            resume_step=start_step,
+        )
+        if wandb_log.active:
+            sinks.append(wandb_log)
+        self.stats = Stats(start_step, cfg.total_steps, sinks, start_time_s=elapsed_s)
+        self.stats.episodes = episodes
+        self._last_save = time.monotonic()
+
+    def describe(self) -> dict:
+        """What this run is, for the start-up summary (the backend adds how it acts)."""
+        model = self.learner.model
+        core = f" + LSTM ({model.lstm.num_layers} layers)" if model.use_lstm else ""
+        wandb = self.wandb.mode if self.wandb.active or self.wandb.mode == "disabled" else "failed to start"
+        summary = {
+            "device": device_name(self.device),
+            "model": f"{type(model.body).__name__}{core}, {sum(p.numel() for p in model.parameters()):,} parameters",
+            "batch": f"{self.cfg.batch_size} unrolls x {self.cfg.unroll_length} steps",
+            "run dir": str(self.run_dir.resolve()),
+            "wandb": f"{wandb} {self.wandb.url}" if self.wandb.url else wandb,
+        }
+        if self.resumed:
+            summary["resumed"] = f"at step {self.stats.step:,}, {len(self.config_changes)} settings changed"
+        return summary
+
+    def add_to_run_info(self, section: str, values: dict) -> None:
+        """Adds a section to run_info.yaml (what produced the run; __main__.write_run_info)."""
+        path = self.run_dir / "run_info.yaml"
+        with writing(path):
+            info = OmegaConf.load(path) if path.exists() else OmegaConf.create()
+            info[section] = values
+            OmegaConf.save(info, path)
+
+    def outcome(self) -> str:
+        """The last line of a run: finished, or stopped by a signal and how to resume."""
+        stats = self.stats
+        if stats.step >= self.cfg.total_steps:
+            return (
+                f"Finished: {stats.step:,} agent steps (total_steps={self.cfg.total_steps:,}) in "
+                f"{duration(stats.elapsed_s)}. {stats.returns_text()} Checkpoint: {self.checkpoint_path}"
+            )
+        received = self.stopped_by.received if self.stopped_by is not None else None
+        why = f"by {signal.Signals(received).name}" if received is not None else "early"
+        return (
+            f"Stopped {why} at step {stats.step:,}/{self.cfg.total_steps:,} after {duration(stats.elapsed_s)}; "
+            f"the checkpoint is saved. Resume with: {resume_command(self.run_dir)}"
+        )
+
+    @property
+    def done(self) -> bool:
+        return self.stats.step >= self.cfg.total_steps or self.stop_requested.is_set()
+
+    @staticmethod
+    def batch_figures(batch: dict) -> tuple[int, list]:
+        """(real steps, returns of the episodes that ended) of a batch [T+1, B, ...]; read from its
+        CPU copy, before it moves to the learner's device (there, each read would wait for the device)."""
+        steps = int(batch["mask"][1:].sum())  # partial rollouts are padded
+        ends = batch["episode_end"][1:] & batch["mask"][1:]
+        return steps, batch["episode_return"][1:][ends].tolist()
+
+    def update(self, batch: dict, initial_core_state: tuple, queues: dict, figures: tuple | None = None) -> dict | None:
+        """One learner update on a batch [T+1, B, ...]; logs its row. Thread-safe.
+
+        figures: batch_figures(the batch's CPU copy); computed here from `batch` when not given.
+        A batch that arrives once total_steps is reached (another learner thread got there
+        first) is dropped, so every run ends at the same step count.
+        """
+        steps, episode_returns = self.batch_figures(batch) if figures is None else figures
+        with self.lock:
+            if self.stats.step >= self.cfg.total_steps:
+                return None
+            started = time.perf_counter()
+            update_stats = self.learner.update(batch, initial_core_state, steps)
+            update_stats["update_ms"] = round(1000 * (time.perf_counter() - started), 2)
+            with writing(self.csv_path):
+                return self.stats.record(steps, episode_returns, update_stats, queues)
+
+    def maybe_checkpoint(self) -> None:
+        if time.monotonic() - self._last_save >= self.cfg.checkpoint_interval_s:
+            self.save_checkpoint()
+
+    def save_checkpoint(self) -> None:
+        with self.lock:
+            state = dict(
+                learner=self.learner.state_dict(),
+                step=self.stats.step,
+                stats=dict(episodes=self.stats.episodes, time_s=self.stats.elapsed_s),
+                rng=checkpoint.rng_state(),
+                config=to_plain_dict(self.cfg),
+                env=env_signature(self.cfg.env.id, self.spec),  # what a resume must match (with the shapes)
+            )
+            with writing(self.checkpoint_path):
+                checkpoint.save(self.checkpoint_path, state)
+        self._last_save = time.monotonic()
+        log.info("Saved checkpoint at step %d to %s.", self.stats.step, self.checkpoint_path)
+
+    def close(self) -> None:
+        self.stats.close()
+
+
+def resume_command(run_dir: Path) -> str:
+    """The command that resumes this run: the same overrides, in the same run dir (or sweep dir)."""
+    try:
+        hydra_cfg = HydraConfig.get()
+    except ValueError:  # not in a Hydra job (tests, notebooks)
+        return f"python -m torchbeast_hydra hydra.run.dir={run_dir}"
+    overrides = [o for o in hydra_cfg.overrides.task if not o.startswith(("hydra.run.dir=", "hydra.sweep.dir="))]
+    if hydra_cfg.mode == RunMode.MULTIRUN:  # each job of the sweep finds its own dir again
+        return f"your sweep command again, with hydra.sweep.dir={hydra_cfg.sweep.dir}"
+    return " ".join(["python -m torchbeast_hydra", *map(shlex.quote, overrides), f"hydra.run.dir={run_dir}"])
