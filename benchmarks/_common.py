@@ -3,8 +3,6 @@ read logs.csv and its steady state."""
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 import shutil
 import signal
@@ -144,23 +142,6 @@ def train(run_dir: Path, overrides: list, seconds: float | None = None, timeout:
         process.wait(timeout=120)
     sampler.stop()
     return process.returncode, time.monotonic() - started, sampler.peak
-
-
-def read_log(run_dir: Path) -> list:
-    """logs.csv's rows with step, time_s and episode_returns parsed; a torn last row (the run is
-    still writing) is left out."""
-    with open(run_dir / "logs.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    parsed = []
-    for row in rows:
-        try:
-            row["step"] = int(row["step"])
-            row["time_s"] = float(row["time_s"])
-            row["episode_returns"] = json.loads(row["episode_returns"] or "[]")
-        except (TypeError, ValueError):
-            break
-        parsed.append(row)
-    return parsed
 
 
 def steady_rate(rows: list, warmup: float) -> tuple[list, float | None]:

@@ -18,7 +18,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import cli_command, cpu_seconds, mean_of, process_tree, read_log, steady_rate, steps_per_update
+from _common import cli_command, cpu_seconds, mean_of, process_tree, steady_rate, steps_per_update
+
+from torchbeast_hydra.logs.metrics import read_rows
 
 # shape, dtype and number of actions of the frames the zero-cost env sends
 OBS = dict(pong=((4, 84, 84), "uint8", 6), cartpole=((4,), "float32", 2))
@@ -225,7 +227,7 @@ def measure_cli(maker, args, clients: int, envs: int) -> dict:
             cpu0, own0 = cpu_seconds(pids), cpu_seconds([learner.pid])
             time.sleep(args.seconds)
             cpu, own = cpu_seconds(pids) - cpu0, cpu_seconds([learner.pid]) - own0
-            rows, sps = steady_rate(read_log(run_dir), args.warmup)
+            rows, sps = steady_rate(read_rows(run_dir), args.warmup)
         finally:
             learner.terminate()
             learner.wait(timeout=60)

@@ -29,7 +29,6 @@ and the runs themselves under runs/.
 from __future__ import annotations
 
 import argparse
-import collections
 import csv
 import datetime
 import signal
@@ -42,9 +41,11 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import cli_command, platform_line, read_log  # noqa: E402
+from _common import cli_command, platform_line  # noqa: E402
 
-WINDOW = 100  # games in the moving mean, as papers and TorchBeast report it
+from torchbeast_hydra.logs.metrics import RECENT_EPISODES, RecentReturns, read_rows  # noqa: E402
+
+WINDOW = RECENT_EPISODES  # games in the moving mean
 
 
 @dataclass(frozen=True)
@@ -87,24 +88,23 @@ TASKS = {
 
 def moving_mean(rows: list, window: int = WINDOW, min_games: int = 10) -> list:
     """(step, hours, mean of the last `window` games) after each update that ended a game."""
-    recent = collections.deque(maxlen=window)
-    points = []
+    recent, points = RecentReturns(window), []
     for row in rows:
         if row["episode_returns"]:
             recent.extend(row["episode_returns"])
             if len(recent) >= min_games:
-                points.append((row["step"], row["time_s"] / 3600, sum(recent) / len(recent)))
+                points.append((row["step"], row["time_s"] / 3600, recent.mean))
     return points
 
 
 def summarise(rows: list, target: float) -> dict:
     """Steps and seconds to the target (full window only), final and best means, mean steps/s."""
-    recent = collections.deque(maxlen=WINDOW)
+    recent = RecentReturns()
     best, reached = float("-inf"), None
     for row in rows:
         recent.extend(row["episode_returns"])
-        if len(recent) == WINDOW:
-            mean = sum(recent) / WINDOW
+        if recent.full:
+            mean = recent.mean
             best = max(best, mean)
             if reached is None and mean >= target:
                 reached = (row["step"], row["time_s"])
@@ -112,8 +112,8 @@ def summarise(rows: list, target: float) -> dict:
     return dict(
         steps_to_target=reached[0] if reached else None,
         minutes_to_target=round(reached[1] / 60, 1) if reached else None,
-        final_mean=round(sum(recent) / len(recent), 2) if recent else None,
-        best_mean=round(best, 2) if recent and len(recent) == WINDOW else None,
+        final_mean=round(recent.mean, 2) if len(recent) else None,
+        best_mean=round(best, 2) if recent.full else None,
         games=sum(len(row["episode_returns"]) for row in rows),
         steps=last["step"],
         hours=round(last["time_s"] / 3600, 2),
@@ -124,7 +124,7 @@ def summarise(rows: list, target: float) -> dict:
 def last_step(run_dir: Path) -> int:
     """The step of logs.csv's last complete row (0 before the first)."""
     try:
-        rows = read_log(run_dir)
+        rows = read_rows(run_dir)
     except (OSError, ValueError):
         return 0
     return rows[-1]["step"] if rows else 0
@@ -224,7 +224,7 @@ def main() -> None:
         if not args.stop_at_target:
             return False
         try:
-            return summarise(read_log(run_dir), task.target)["steps_to_target"] is not None
+            return summarise(read_rows(run_dir), task.target)["steps_to_target"] is not None
         except (OSError, ValueError, IndexError):
             return False
 
@@ -247,7 +247,7 @@ def main() -> None:
         label = label or label_of(run_dir)
         if label in results:  # two runs of one backend and seed (e.g. before and after a change)
             label = f"{label} ({run_dir.name})"
-        rows = [row for row in read_log(run_dir) if not max_steps or row["step"] <= max_steps]
+        rows = [row for row in read_rows(run_dir) if not max_steps or row["step"] <= max_steps]
         curves[label] = moving_mean(rows)
         results[label] = summarise(rows, task.target)
     plot(curves, task.target, task.target_label, out / "curve.png", f"{command}  ({machine})")

@@ -45,8 +45,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import GpuSampler, composed, mean_of, platform_line, read_log, steady_rate, steps_per_update, train  # noqa: E402
+from _common import GpuSampler, composed, mean_of, platform_line, steady_rate, steps_per_update, train  # noqa: E402
 from _pipeline import OBS  # noqa: E402
+
+from torchbeast_hydra.logs.metrics import read_rows  # noqa: E402
 
 # Pong (whose env option keeps the default model, atari_net) at B=8, T=80; an override of the same
 # key replaces its entry here (env=nethack: NetHack with the model its env option brings).
@@ -85,7 +87,7 @@ def measure(overrides: list, warmup: float, seconds: float) -> Run:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         rc, wall, peak = train(run_dir, with_defaults(overrides), seconds=warmup + seconds)
-        rows = read_log(run_dir) if (run_dir / "logs.csv").exists() else []  # none: it failed to start
+        rows = read_rows(run_dir) if (run_dir / "logs.csv").exists() else []  # none: it failed to start
     steady, sps = steady_rate(rows, warmup)
     return Run(rc, wall, peak, gpu.stop(), rows[-1]["step"] if rows else 0, steady, sps)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from torchbeast_hydra.__main__ import CONFIG_DIR
+from torchbeast_hydra.logs.metrics import read_rows
 
 # Small enough for any env to train a few updates in seconds: add the env and total_steps.
 SMALL = [
@@ -82,8 +82,8 @@ def sweep_job_dir(sweep: Path, *overrides: str) -> Path:
 
 
 def rows(run_dir):
-    with open(run_dir / "logs.csv", newline="") as f:
-        return list(csv.DictReader(f))
+    """logs.csv's rows, read as everything else reads them (numbers parsed, blanks None)."""
+    return read_rows(run_dir)
 
 
 def steps(run_dir):

@@ -1,6 +1,5 @@
 """Hydra sweepers optimise what a job returns: training's final mean return, mode=test's evaluation."""
 
-import json
 import math
 
 import pytest
@@ -15,7 +14,7 @@ from conftest import TINY, rows, run_sweep
 
 def job_return(job_dir):
     """What a finished training job returns: the mean of its last 100 episode returns (logs.csv)."""
-    returns = [r for row in rows(job_dir) for r in json.loads(row["episode_returns"])][-100:]
+    returns = [r for row in rows(job_dir) for r in row["episode_returns"]][-100:]
     return sum(returns) / len(returns)
 
 

@@ -37,7 +37,7 @@ def check_job_dirs(sweep_dir, names, total_steps=2048):
         logged = steps(job_dir)
         assert logged == list(range(64, total_steps + 1, 64)), name
         last = rows(job_dir)[-1]
-        assert float(last["sps"]) > 0 and int(last["episodes"]) > 0 and last["total_loss"] != ""
+        assert float(last["sps"]) > 0 and int(last["episodes"]) > 0 and last["total_loss"] is not None
         assert checkpoint.load(checkpoint.path_in(job_dir))["step"] == total_steps
         assert (job_dir / ".hydra" / "overrides.yaml").exists() and (job_dir / "torchbeast.log").exists()
 

@@ -5,8 +5,6 @@ Composes the config, checks it, then trains (resuming from the run dir's checkpo
 
 from __future__ import annotations
 
-import csv
-import json
 import logging
 import math
 import platform
@@ -23,6 +21,7 @@ from torchbeast_hydra.backends.poly.settings import PolyRole
 from torchbeast_hydra.config import Mode, register_configs, validate
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning.learner import NonFiniteUpdate
+from torchbeast_hydra.logs.metrics import RecentReturns, read_rows
 from torchbeast_hydra.run import checkpoint
 from torchbeast_hydra.run.checkpoint import CheckpointError
 from torchbeast_hydra.run.launch import LaunchError, check_launcher_plugin, hand_over, register_resolvers
@@ -98,13 +97,10 @@ def final_return(training_run) -> float:
     A run resumed at its end plays no episode in this process: logs.csv still has them. NaN when
     the run finished no episode at all (Optuna records such a trial as failed).
     """
-    recent = list(training_run.stats.recent_returns)
-    if not recent and training_run.csv_path.exists():
-        with open(training_run.csv_path, newline="") as f:
-            for row in csv.DictReader(f):
-                recent.extend(json.loads(row.get("episode_returns") or "[]"))
-        recent = recent[-training_run.stats.recent_returns.maxlen :]
-    return sum(recent) / len(recent) if recent else math.nan
+    recent = training_run.stats.recent_returns
+    if not len(recent) and training_run.csv_path.exists():
+        recent = RecentReturns(returns=[r for row in read_rows(training_run.csv_path) for r in row["episode_returns"]])
+    return recent.mean if recent.mean is not None else math.nan
 
 
 def trained_run_dir(cfg: DictConfig, run_dir: Path) -> Path:

@@ -40,6 +40,76 @@ CSV_FIELDS = [
 ]
 
 
+# "The mean return" everywhere (progress line, logs, sweeps' objective, plots, benchmarks): over
+# the last 100 episodes, as TorchBeast and the papers report it.
+RECENT_EPISODES = 100
+
+
+class RecentReturns:
+    """The last `window` episode returns and their mean: the one place that mean is taken."""
+
+    def __init__(self, window: int = RECENT_EPISODES, returns: Iterable[float] = ()):
+        self._returns = collections.deque(returns, maxlen=window)
+
+    def extend(self, returns: Iterable[float]) -> None:
+        self._returns.extend(returns)
+
+    def __len__(self) -> int:
+        return len(self._returns)
+
+    def __iter__(self):
+        return iter(self._returns)
+
+    @property
+    def full(self) -> bool:
+        return len(self._returns) == self._returns.maxlen
+
+    @property
+    def mean(self) -> float | None:
+        """None before the first episode."""
+        return sum(self._returns) / len(self._returns) if self._returns else None
+
+
+def recent_means(returns_per_row: Iterable[list], window: int = RECENT_EPISODES) -> list:
+    """After each row, the mean of the last `window` episode returns so far (None before any)."""
+    recent, means = RecentReturns(window), []
+    for returns in returns_per_row:
+        recent.extend(returns)
+        means.append(recent.mean)
+    return means
+
+
+def read_rows(path: str | os.PathLike) -> list[dict]:
+    """The rows of a csv this package writes (logs.csv, eval.csv; a run dir means its logs.csv),
+    as dicts: numbers parsed, blank cells None, episode_returns a list. A torn last row (the run
+    is still writing it) is left out. The one reader of these files: plots, reports, benchmarks,
+    the sweeper's objective and the tests all read through it."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "logs.csv"
+    with open(path, newline="") as f:
+        raw = list(csv.DictReader(f))
+    rows = []
+    for row in raw:
+        if None in row.values() or None in row or _int(row.get("step", 0)) == math.inf:
+            break  # a torn row: too few (or too many) cells, or no step yet
+        rows.append({key: _cell(key, value) for key, value in row.items()})
+    return rows
+
+
+def _cell(key: str, text: str):
+    if key == "episode_returns":
+        return json.loads(text or "[]")
+    if text == "":
+        return None
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return {"True": True, "False": False}.get(text, text)
+
+
 class Sink(Protocol):
     def write(self, row: dict) -> None: ...
 
@@ -121,7 +191,7 @@ class Stats:
         self.step = start_step
         self.total_steps = total_steps
         self.sinks = list(sinks)
-        self.recent_returns = collections.deque(maxlen=100)
+        self.recent_returns = RecentReturns()
         self.episodes = 0
         self.last = {}
         self._start_time = time.monotonic() - start_time_s
@@ -179,7 +249,7 @@ class Stats:
 
     @property
     def mean_recent_return(self) -> float | None:
-        return sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else None
+        return self.recent_returns.mean
 
     def progress_line(self) -> str:
         sps = self.sps

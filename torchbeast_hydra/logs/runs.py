@@ -16,8 +16,6 @@ What was swept is read from the runs themselves: the config keys (and config gro
 
 from __future__ import annotations
 
-import collections
-import json
 import os
 import re
 from pathlib import Path
@@ -26,6 +24,8 @@ from typing import Iterable, Optional
 import numpy as np
 import pandas as pd
 import yaml
+
+from torchbeast_hydra.logs.metrics import read_rows, recent_means
 
 RETURN = "recent_return"
 SEED = "seed"
@@ -89,21 +89,15 @@ def read_seed(run_dir: str | Path) -> Optional[int]:
 
 
 def episode_returns(df: pd.DataFrame) -> list:
-    """The episode returns of one run's rows, in order (logs.csv keeps them as JSON lists)."""
-    returns = []
-    for cell in df["episode_returns"]:
-        if isinstance(cell, str) and cell:
-            returns.extend(json.loads(cell))
-    return returns
+    """The episode returns of one run's rows, in order."""
+    return [value for returns in df["episode_returns"] for value in returns]
 
 
 def load_run(run_dir: str | Path, name: Optional[str] = None, window: int = 100) -> pd.DataFrame:
     """One run's logs.csv with its overrides, seed and recent_return columns."""
     run_dir = Path(run_dir)
-    df = pd.read_csv(run_dir / "logs.csv", dtype={"episode_returns": str}, keep_default_na=False, na_values=[""])
-    df = df.dropna(subset=["step"]).reset_index(drop=True)  # a torn last line
-    df["episode_returns"] = df["episode_returns"].fillna("[]")
-    df[RETURN] = _recent_returns(df["episode_returns"], window)
+    df = pd.DataFrame(read_rows(run_dir)).fillna(np.nan)  # blank cells: NaN, as pandas reads them
+    df[RETURN] = pd.array(recent_means(df["episode_returns"], window), dtype="Float64").astype(float)
     df.insert(0, "run", name if name is not None else run_dir.name)
     # One column per override key; a key that clashes with a logged field gets an `override.`.
     columns = {
@@ -275,15 +269,6 @@ def latest_runs_dir(root: Optional[str | Path] = None) -> Path:
         if newest is not None:
             return newest
     raise FileNotFoundError(f"no runs under {' or '.join(map(str, roots))}: set RUNS_DIR")
-
-
-def _recent_returns(cells: pd.Series, window: int) -> list:
-    """For each row, the mean of the last `window` episode returns so far (NaN before any)."""
-    recent, out = collections.deque(maxlen=window), []
-    for cell in cells:
-        recent.extend(json.loads(cell) if cell else [])
-        out.append(sum(recent) / len(recent) if recent else np.nan)
-    return out
 
 
 def _natural_key(text: str):
