@@ -8,7 +8,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from torchbeast_hydra.__main__ import CONFIG_DIR
-from torchbeast_hydra.config import validate
+from torchbeast_hydra.config import check_overrides, validate
 from torchbeast_hydra.errors import ConfigError
 
 from conftest import TINY, compose_config, run_cli
@@ -140,3 +140,41 @@ def test_cli_refuses_a_key_added_with_plus_before_starting(tmp_path):
     assert "unknown key optim.learning_rat in AdamConfig (did you mean optim.learning_rate?)" in output
     assert "Traceback" not in output
     assert not (tmp_path / "run" / "logs.csv").exists()
+
+
+# -- overrides checked before Hydra composes (config.check_overrides) ------------------------------
+
+
+def refusal(*argv):
+    with pytest.raises(ConfigError) as error:
+        check_overrides(list(argv), CONFIG_DIR)
+    return str(error.value)
+
+
+def test_a_misspelt_key_without_plus_gets_the_nearest_name_not_hydras_append_hint():
+    message = refusal("optim.learning_rat=0.001")
+    assert "optim.learning_rat: no such key in RMSPropConfig" in message
+    assert "Did you mean optim.learning_rate?" in message and "+optim.learning_rat" not in message
+    assert "Did you mean optim.betas?" in refusal("optim=adam", "optim.beta=[0.9,0.99]")  # the chosen option's schema
+    assert "Did you mean unroll_length?" in refusal("-m", "unroll_lenght=3,4")
+
+
+def test_a_misspelt_option_gets_the_nearest_option_and_never_the_schemas():
+    message = refusal("env=cartpol")
+    assert "did you mean env=cartpole?" in message and "pong" in message
+    assert "base_" not in message
+    assert "did you mean model=resnet?" in refusal("-m", "model=atari_net,resnt")
+
+
+def test_keys_of_ones_own_are_pointed_at_plus():
+    assert "+env.make_kwargs.frameskip=VALUE" in refusal("env.make_kwargs.frameskip=2")
+    message = refusal("experiment=cartpole", "model.hidden_size=[3]")
+    assert "Did you mean model.hidden_sizes?" in message and "+model.hidden_size=VALUE" in message
+
+
+def test_good_overrides_pass_the_check():
+    check_overrides(
+        ["experiment=cartpole", "optim=adam", "optim.betas=[0.9,0.99]", "+env.make_kwargs.x=1", "hydra.run.dir=x"],
+        CONFIG_DIR,
+    )
+    check_overrides(["-m", "env=pong,breakout", "seed=1,2", "model.use_lstm=true"], CONFIG_DIR)

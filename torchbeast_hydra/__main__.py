@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from torchbeast_hydra.backends import memory
 from torchbeast_hydra.backends.poly.settings import PolyRole
-from torchbeast_hydra.config import Mode, register_configs, validate
+from torchbeast_hydra.config import Mode, check_overrides, register_configs, validate
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning.learner import NonFiniteUpdate
 from torchbeast_hydra.logs.metrics import RecentReturns, read_rows
@@ -208,7 +208,8 @@ def cli() -> None:
     """The command line: checks what must be checked before Hydra composes the config, then runs."""
     try:
         check_launcher_plugin(sys.argv[1:])
-    except LaunchError as error:
+        check_overrides(sys.argv[1:], CONFIG_DIR)
+    except (LaunchError, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     main()
