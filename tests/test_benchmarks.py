@@ -1,4 +1,4 @@
-"""benchmarks/throughput.py: its modes parse as the README writes them, its figures add up, and the
+"""benchmarks/throughput.py: its modes parse as docs/performance.md writes them, its figures add up, and the
 pipeline mode (no env, no model) runs end to end."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The README's Extending section, run as written: a user's env, model and loss term, each trained
-briefly from the files and commands the README gives; and a user env whose constructor fails."""
+"""The docs' Extending page (docs/extending.md), run as written: a user's env, model and loss term,
+each trained briefly from the files and commands the page gives; and a user env whose constructor
+fails."""
 
 import re
 import shlex
@@ -14,19 +15,18 @@ from conftest import REPO, SMALL, cli_env, rows
 
 pytestmark = pytest.mark.slow
 
-# Small enough to train in seconds; appended to each README command.
+# Small enough to train in seconds; appended to each command of the page.
 BRIEF = ["total_steps=640", *SMALL]
 
 
-def extending_section() -> str:
-    text = (REPO / "README.md").read_text()
-    return text.split("\n## Extending", 1)[1].split("\n## ", 1)[0]
+def extending_page() -> str:
+    return (REPO / "docs" / "extending.md").read_text()
 
 
-def readme_files_and_commands():
-    """The section's files (code blocks whose first line is `# PATH`) and its training commands."""
+def page_files_and_commands():
+    """The page's files (code blocks whose first line is `# PATH`) and its training commands."""
     files, commands = {}, []
-    for language, body in re.findall(r"```(\w+)\n(.*?)```", extending_section(), re.S):
+    for language, body in re.findall(r"```(\w+)\n(.*?)```", extending_page(), re.S):
         first, _, rest = body.partition("\n")
         if language in ("python", "yaml") and first.startswith("# "):
             files[first[2:].strip()] = rest
@@ -36,7 +36,7 @@ def readme_files_and_commands():
 
 
 def run_in(directory, command: str, run_dir, *extra: str, check: bool = True):
-    """A README command line, run from `directory` (where the user's files are), plus extra overrides."""
+    """A command line of the page, run from `directory` (where the user's files are), plus extra overrides."""
     argv = shlex.split(command)
     assert argv[:3] == ["python", "-m", "torchbeast_hydra"]
     argv = [sys.executable, *argv[1:], f"hydra.run.dir={run_dir}", *extra]
@@ -52,7 +52,7 @@ def run_in(directory, command: str, run_dir, *extra: str, check: bool = True):
 @pytest.fixture(scope="module")
 def readme(tmp_path_factory):
     directory = tmp_path_factory.mktemp("user")
-    files, commands = readme_files_and_commands()
+    files, commands = page_files_and_commands()
     assert set(files) == {"my_envs.py", "my_models.py", "my_conf/model/wide.yaml", "my_losses.py"}
     for path, text in files.items():
         (directory / path).parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ and (unless asked not to) action [T, B, ...]. The core appends the encoded last 
 categorical dimension, the raw vector for Box) and the clipped reward to the features and, with
 use_lstm, runs an LSTM whose state is zeroed at episode boundaries (done). To try a new
 architecture, write a
-`Body` and a YAML file naming it (`_target_`): see the README's Extending section.
+`Body` and a YAML file naming it (`_target_`): see docs/extending.md.
 """
 
 from __future__ import annotations
