@@ -97,6 +97,16 @@ def episode_returns(df: pd.DataFrame) -> list:
     return returns
 
 
+def load_eval(run_dir: str | Path) -> Optional[pd.DataFrame]:
+    """The run's evaluations (eval.csv: step, mean_return, ... and the protocol), by step; None if
+    it has none."""
+    path = Path(run_dir) / "eval.csv"
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    df = pd.read_csv(path).dropna(subset=["step", "mean_return"])  # a torn last line
+    return df.sort_values("step", kind="stable").reset_index(drop=True) if len(df) else None
+
+
 def load_run(run_dir: str | Path, name: Optional[str] = None, window: int = 100) -> pd.DataFrame:
     """One run's logs.csv with its overrides, seed and recent_return columns."""
     run_dir = Path(run_dir)
