@@ -120,6 +120,7 @@ def test_runs_without_evaluations_use_the_training_return_or_are_left_out(sweep,
     (sweep / "3" / "eval.csv").unlink()
     auto = report.write_report([sweep], tmp_path / "auto", report.Options(reps=200))
     assert "Score: training return (the mean of the last 100 episodes" in auto["report"].read_text()
+    assert "Only 3 of 4 runs have an eval.csv, so none is used" in auto["report"].read_text()
     # Each training episode returned the seed: final and best are the seeds' mean.
     tasks = pd.read_csv(auto["tasks_csv"]).set_index("task")
     assert tasks.loc["ALE/Pong-v5", "final"] == 1.5 and tasks.loc["HalfCheetah-v5", "best"] == 1.5

@@ -442,6 +442,11 @@ def render_markdown(
     ]
     if missing:
         lines.append(f"Left out, no eval.csv: {', '.join(missing)}.")
+    with_evals = sum(r.evals is not None for r in loaded)
+    if metric == "train" and with_evals:
+        lines.append(
+            f"Only {with_evals} of {len(loaded)} runs have an eval.csv, so none is used (--metric eval: those)."
+        )
     lines.append(
         "Per task, final and best: the mean over seeds [95% interval]; steps to target: the median over the "
         "seeds that reached it; training time: logs.csv's time_s (across resumes); steps/s: steps / training time."
