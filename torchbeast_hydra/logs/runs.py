@@ -93,6 +93,16 @@ def episode_returns(df: pd.DataFrame) -> list:
     return [value for returns in df["episode_returns"] for value in returns]
 
 
+def load_eval(run_dir: str | Path) -> Optional[pd.DataFrame]:
+    """The run's evaluations (eval.csv: step, mean_return, ... and the protocol), by step; None if
+    it has none."""
+    path = Path(run_dir) / "eval.csv"
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    df = pd.DataFrame(read_rows(path)).fillna(np.nan).dropna(subset=["step", "mean_return"])
+    return df.sort_values("step", kind="stable").reset_index(drop=True) if len(df) else None
+
+
 def load_run(run_dir: str | Path, name: Optional[str] = None, window: int = 100) -> pd.DataFrame:
     """One run's logs.csv with its overrides, seed and recent_return columns."""
     run_dir = Path(run_dir)

@@ -1,0 +1,197 @@
+"""The report command: per-task curves and tables, normalised aggregates, from runs written as training writes them."""
+
+import csv
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+import yaml
+from test_analysis import assert_real_image, write_run
+
+from torchbeast_hydra.logs import report, scores
+from torchbeast_hydra.run.evaluate import EVAL_FIGURES
+
+# Per task and seed: (env option, env.id, evaluation returns at steps 1,000, 2,000 and 3,000).
+# Finals normalise to 1.0 and 0.5 (Pong: random -20.7, human 14.6) and to 0.0 and 1.0
+# (HalfCheetah: random -280.178953, CleanRL PPO 1442.64).
+EVALS = {
+    ("pong", "ALE/Pong-v5", 1): [-20.0, 0.0, 14.6],
+    ("pong", "ALE/Pong-v5", 2): [-21.0, -3.05, -3.05],
+    ("mujoco", "HalfCheetah-v5", 1): [-300.0, -200.0, -280.178953],
+    ("mujoco", "HalfCheetah-v5", 2): [0.0, 1500.0, 1442.64],
+}
+STEPS = [1000, 2000, 3000]
+
+
+def write_job(job_dir, option, env_id, seed, evals=None, extra_overrides=(), config=None):
+    """A sweep job as training leaves it (logs.csv with time_s, .hydra/), plus its eval.csv."""
+    overrides = [f"env={option}", f"seed={seed}", *extra_overrides]
+    config = dict(env=dict(id=env_id), **(config or {}))
+    rows = [(step, [float(seed)], 0.5) for step in STEPS]
+    write_run(job_dir, overrides, seed, rows, config=config, choices=dict(env=option))
+    with_time(job_dir / "logs.csv", steps_per_s=100.0)
+    if evals is not None:
+        with open(job_dir / "eval.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, ["step", *EVAL_FIGURES, "greedy", "seed"])
+            writer.writeheader()
+            for step, value in zip(STEPS, evals):
+                figures = dict(episodes=10, mean_return=value, std_return=1.0, min_return=value - 1)
+                figures.update(max_return=value + 1, mean_length=100.0, seconds=2.0)
+                writer.writerow(dict(step=step, **figures, greedy=True, seed=seed))
+
+
+def with_time(path, steps_per_s):
+    """Fills logs.csv's time_s (training seconds so far) as a run at a constant rate would."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        row["time_s"] = int(row["step"]) / steps_per_s
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """2 tasks x 2 seeds; the seeds of a task also differ in logging and output keys only."""
+    sweep = tmp_path / "multirun"
+    for job, ((option, env_id, seed), evals) in enumerate(EVALS.items()):
+        logging = [f"logger.tensorboard={seed == 1}", f"checkpoint_interval_s={60 * seed}"]
+        config = dict(logger=dict(tensorboard=seed == 1, wandb=dict(mode="auto" if seed == 1 else "offline")))
+        write_job(sweep / str(job), option, env_id, seed, evals, logging, config)
+    (sweep / "multirun.yaml").write_text("{}\n")
+    return sweep
+
+
+def test_report_writes_curves_tables_and_aggregates_with_the_right_numbers(sweep, tmp_path):
+    options = report.Options(targets={"ALE/Pong-v5": 0.0}, reps=2000)
+    written = report.write_report([sweep], tmp_path / "out", options)
+
+    for name in ("curve_ALE_Pong-v5.png", "curve_HalfCheetah-v5.png", "performance_profile.png"):
+        assert_real_image(tmp_path / "out" / name)
+
+    tasks = pd.read_csv(written["tasks_csv"]).set_index("task")
+    pong, cheetah = tasks.loc["ALE/Pong-v5"], tasks.loc["HalfCheetah-v5"]
+    # Logging and output keys make no setting: each task's two seeds are aggregated.
+    assert pong["setting"] == cheetah["setting"] == report.ALL_RUNS and pong["seeds"] == cheetah["seeds"] == 2
+    assert pong["final"] == pytest.approx((14.6 - 3.05) / 2)
+    # Two seeds: the bootstrap's replicates range from both at the lower to both at the higher.
+    assert (pong["final_low"], pong["final_high"]) == (pytest.approx(-3.05), pytest.approx(14.6))
+    assert pong["best"] == pytest.approx((14.6 - 3.05) / 2)
+    assert cheetah["best"] == pytest.approx((-200.0 + 1500.0) / 2)
+    assert (pong["reached"], pong["steps_to_target"]) == (1, 2000)  # seed 1 at 2,000; seed 2 never
+    assert pong["wall_s"] == 30.0 and pong["sps"] == 100.0
+
+    # Normalised finals: Pong 1.0, 0.5; HalfCheetah 0.0, 1.0.
+    (aggregate,) = pd.read_csv(written["aggregates_csv"]).to_dict("records")
+    assert (aggregate["tasks"], aggregate["runs"]) == (2, 4)
+    assert aggregate["IQM"] == pytest.approx(0.75)  # the middle two of 0, 0.5, 1, 1
+    assert aggregate["median"] == pytest.approx(0.625)  # of the task means 0.75 and 0.5
+    assert aggregate["mean"] == pytest.approx(0.625)
+    assert aggregate["optimality gap"] == pytest.approx(0.375)  # Pong (0 + 0.5) / 2, HalfCheetah (1 + 0) / 2
+    expected = scores.aggregate_intervals(
+        {"pong": [1.0, 0.5], "cheetah": [0.0, 1.0]}, reps=2000, seed=0
+    )  # the same replicates, task by task
+    assert (aggregate["IQM_low"], aggregate["IQM_high"]) == pytest.approx(expected["IQM"][1:])
+
+    text = written["report"].read_text()
+    assert "Score: evaluation return" in text
+    assert "![ALE/Pong-v5](curve_ALE_Pong-v5.png)" in text and "![performance profile](performance_profile.png)" in text
+    assert "| steps to 0 |" in text and "2,000 (1/2 seeds)" in text
+    assert "| all runs | 2 | 4 | 0.750 [" in text
+    assert "ALE/Pong-v5 by human" in text and "HalfCheetah-v5 by CleanRL PPO" in text
+    assert "- Cleanba IMPALA: 19.1 at 50,000,000 steps (vwxyzjn/cleanba" in text  # a reference and its source
+    assert "logger." not in text and "checkpoint_interval_s" not in text
+
+
+def test_settings_leave_out_the_seed_and_logging_keys_but_keep_what_was_swept(tmp_path):
+    for job, (lr, seed) in enumerate([("0.001", 1), ("0.001", 2), ("0.002", 1)]):
+        overrides = [f"optim.learning_rate={lr}", f"logger.wandb.mode={'auto' if seed == 1 else 'offline'}"]
+        config = dict(optim=dict(learning_rate=float(lr)), logger=dict(wandb=dict(mode="auto" if seed == 1 else "x")))
+        write_job(tmp_path / str(job), "pong", "ALE/Pong-v5", seed, None, overrides, config)
+    loaded = report.load_runs([tmp_path])
+    assert [r.setting for r in loaded] == ["optim.learning_rate=0.001"] * 2 + ["optim.learning_rate=0.002"]
+    assert report.ignored("logger.wandb.mode") and report.ignored("hydra.run.dir") and not report.ignored("loggers")
+
+
+def test_runs_without_evaluations_use_the_training_return_or_are_left_out(sweep, tmp_path):
+    (sweep / "3" / "eval.csv").unlink()
+    auto = report.write_report([sweep], tmp_path / "auto", report.Options(reps=200))
+    assert "Score: training return (the mean of the last 100 episodes" in auto["report"].read_text()
+    assert "Only 3 of 4 runs have an eval.csv, so none is used" in auto["report"].read_text()
+    # Each training episode returned the seed: final and best are the seeds' mean.
+    tasks = pd.read_csv(auto["tasks_csv"]).set_index("task")
+    assert tasks.loc["ALE/Pong-v5", "final"] == 1.5 and tasks.loc["HalfCheetah-v5", "best"] == 1.5
+
+    evals = report.write_report([sweep], tmp_path / "eval", report.Options(metric="eval", reps=200))
+    assert "Left out, no eval.csv: 3." in evals["report"].read_text()
+    assert pd.read_csv(evals["tasks_csv"]).set_index("task").loc["HalfCheetah-v5", "seeds"] == 1
+
+
+def test_normalisation_reads_the_data_file(sweep, tmp_path):
+    data = yaml.safe_load(report.BASELINES.read_text())
+    # Another random score and reference for Pong: finals 14.6 and -3.05 normalise to 1.0 and 3.05 / 20.7...
+    data["ALE/Pong-v5"].update(
+        random=dict(score=-3.05 * 2, source="test"), references=[dict(name="mine", score=14.6, source="test")]
+    )
+    data["ALE/Pong-v5"]["normalise_by"] = "mine"
+    del data["HalfCheetah-v5"]  # ...and HalfCheetah without any: it is left out, and said so
+    path = tmp_path / "baselines.yaml"
+    path.write_text(yaml.safe_dump(data))
+    written = report.write_report([sweep], tmp_path / "out", report.Options(baselines=path, reps=200))
+    (aggregate,) = pd.read_csv(written["aggregates_csv"]).to_dict("records")
+    normalised = [(14.6 + 6.1) / (14.6 + 6.1), (-3.05 + 6.1) / (14.6 + 6.1)]
+    assert aggregate["tasks"] == 1 and aggregate["mean"] == pytest.approx(sum(normalised) / 2)
+    text = written["report"].read_text()
+    assert "ALE/Pong-v5 by mine" in text and "Left out: HalfCheetah-v5 (not in baselines.yaml)." in text
+
+
+def test_the_packaged_baselines_say_where_each_number_was_read():
+    baselines = report.load_baselines()
+    assert baselines["PongNoFrameskip-v4"] is baselines["ALE/Pong-v5"]  # aliases
+    pong = baselines["ALE/Pong-v5"]
+    assert pong.random["score"] == -20.7 and pong.normaliser()["score"] == 14.6
+    assert baselines["NetHackScore-v0"].normaliser()["score"] == 971
+    assert {t: baselines[t].normaliser()["score"] for t in ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")} == {
+        "HalfCheetah-v5": 1442.64,
+        "Hopper-v5": 2382.86,
+        "Walker2d-v5": 2287.95,
+    }
+    for task, baseline in baselines.items():
+        assert baseline.random is None or (isinstance(baseline.random["score"], float) and baseline.random["source"])
+        for reference in baseline.references:
+            assert {"name", "score", "source"} <= set(reference) and reference["source"], task
+        if baseline.normalise_by is not None:
+            assert baseline.normaliser() is not None, f"{task}: normalise_by names no reference"
+
+
+def test_the_command_writes_the_report(sweep, tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "torchbeast_hydra.logs.report", str(sweep), "--target", "0", "--reps", "200"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "## HalfCheetah-v5" in result.stdout and f"wrote {sweep / 'report' / 'report.md'}" in result.stdout
+    assert (sweep / "report" / "performance_profile.png").exists()
+    bad = subprocess.run(
+        [sys.executable, "-m", "torchbeast_hydra.logs.report", str(tmp_path / "nothing")],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert bad.returncode == 2 and "is not a directory" in bad.stderr
+
+
+def test_a_task_with_a_random_score_but_no_reference_is_left_out_and_says_why(tmp_path):
+    for seed in (1, 2):
+        write_job(tmp_path / str(seed), "minigrid", "MiniGrid-DoorKey-8x8-v0", seed, [0.0, 0.5, 0.9])
+    written = report.write_report([tmp_path], tmp_path / "out", report.Options(reps=200))
+    text = written["report"].read_text()
+    assert "Left out: MiniGrid-DoorKey-8x8-v0 (no reference to normalise by in baselines.yaml)." in text
+    assert "- random: 0.01 (measured by this project" in text
+    assert_real_image(tmp_path / "out" / "curve_MiniGrid-DoorKey-8x8-v0.png")
+    assert_real_image(tmp_path / "out" / "performance_profile.png")  # says why it is empty

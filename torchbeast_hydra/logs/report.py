@@ -1,0 +1,628 @@
+"""`python -m torchbeast_hydra.logs.report PATH... [--out DIR] [--target X] [--metric auto|eval|train]`
+
+A report on runs and sweeps (run dirs and/or multirun dirs, several compared together):
+
+- per task (env.id): a curve PNG, the return against agent steps, per setting the mean over seeds
+  with a 95% bootstrap band and each seed as a thin line, published references dashed;
+- report.md: per task a table (seeds, final and best score with 95% intervals over seeds, steps to a
+  target, training time, steps/s); across tasks, IQM / median / mean / optimality gap of the final
+  scores normalised by each task's random and reference score (baselines.yaml beside this file,
+  which says where each number was read), with stratified bootstrap 95% intervals (scores.py);
+- performance_profile.png, and tasks.csv / aggregates.csv with the same numbers as the tables.
+
+The score is the evaluation return (eval.csv's mean_return against step) when every run has one,
+else the training return (the mean of the last --window episodes at each logs.csv row); --metric
+picks one. A setting is what differs between a task's runs other than the seed and the keys that
+only say how a run logs or where it writes (IGNORED_KEYS): seeds of one setting are aggregated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import yaml
+from matplotlib.figure import Figure
+
+from torchbeast_hydra.logs import runs, scores
+
+BASELINES = Path(__file__).with_name("baselines.yaml")
+DPI = 100
+ALL_RUNS = runs.ALL_RUNS
+
+# Config keys that say how a run logs, where it writes or how it is reached, not what it learns:
+# runs that differ only in these are one setting. A trailing dot covers the keys under it.
+IGNORED_KEYS = (
+    "logger.",
+    "hydra.",
+    "checkpoint_interval_s",
+    "check_memory",
+    "load_dir",
+    "mode",
+    "test.record_video",
+    "backend.token",
+    "backend.address",
+)
+# The task is the env id; the env option (and what it brings) is the same within a task.
+TASK_KEYS = ("env", "env.id")
+
+
+@dataclass
+class Run:
+    dir: Path
+    name: str
+    task: str
+    seed: Optional[int]
+    config: dict
+    train: pd.DataFrame  # runs.load_run: logs.csv rows with recent_return
+    evals: Optional[pd.DataFrame]  # runs.load_eval: eval.csv rows, or None
+    setting: str = ALL_RUNS
+
+
+@dataclass
+class Baseline:
+    """One task's entry of baselines.yaml."""
+
+    task: str
+    random: Optional[dict] = None
+    references: list = field(default_factory=list)
+    normalise_by: Optional[str] = None
+
+    def normaliser(self) -> Optional[dict]:
+        """The reference that scores 1 (with the random score as 0), or None if either is missing."""
+        if self.random is None or self.normalise_by is None:
+            return None
+        return next((r for r in self.references if r["name"] == self.normalise_by), None)
+
+
+# Reading.
+
+
+def load_runs(paths: Sequence[str | Path], window: int = 100) -> list:
+    """Every run at or under paths, named as runs.load_runs names them, with its task and setting."""
+    paths = [Path(p) for p in paths]
+    found = {}
+    for path in paths:
+        dirs = runs.find_runs(path)
+        if not dirs:
+            raise FileNotFoundError(f"no runs (no logs.csv) under {path}")
+        found.update({d.resolve(): d for d in dirs})  # a run given twice counts once
+    base = paths[0].resolve() if len(paths) == 1 else Path(os.path.commonpath([p.resolve() for p in paths]))
+    loaded = []
+    for resolved in found:
+        name = str(resolved.relative_to(base)) if resolved != base else resolved.name
+        config = {**runs.read_overrides(resolved), **runs.read_config(resolved)}
+        loaded.append(
+            Run(
+                dir=resolved,
+                name=name,
+                task=str(config.get("env.id") or config.get("env") or "unknown task"),
+                seed=runs.read_seed(resolved),
+                config=config,
+                train=runs.load_run(resolved, name=name, window=window),
+                evals=runs.load_eval(resolved),
+            )
+        )
+    assign_settings(loaded)
+    return loaded
+
+
+def ignored(key: str) -> bool:
+    return any(key.startswith(k) if k.endswith(".") else key == k for k in IGNORED_KEYS)
+
+
+def assign_settings(loaded: list) -> None:
+    """Per task, the keys whose values differ between its runs (less the seed, the task's own keys
+    and IGNORED_KEYS) label each run's setting, e.g. `optim.learning_rate=0.001`."""
+    for task in tasks(loaded):
+        group = [r for r in loaded if r.task == task]
+        typed = {k for r in group for k in runs.read_overrides(r.dir)}
+        configs = [{**r.config, runs.SEED: r.seed} for r in group]
+        keys = [
+            k
+            for k in runs.differing_keys(configs, typed=typed)
+            if k != runs.SEED and k not in TASK_KEYS and not ignored(k)
+        ]
+        for run in group:
+            label = ",".join(f"{k}={run.config[k]}" for k in keys if run.config.get(k) is not None)
+            run.setting = label or ALL_RUNS
+
+
+def tasks(loaded: list) -> list:
+    return sorted({r.task for r in loaded}, key=runs._natural_key)
+
+
+def settings(loaded: list) -> list:
+    return sorted({r.setting for r in loaded}, key=runs._natural_key)
+
+
+def load_baselines(path: str | Path = BASELINES) -> dict:
+    """{task id or alias: Baseline} from baselines.yaml."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    out = {}
+    for task, entry in data.items():
+        baseline = Baseline(
+            task=task,
+            random=entry.get("random"),
+            references=list(entry.get("references") or []),
+            normalise_by=entry.get("normalise_by"),
+        )
+        for name in [task, *(entry.get("aliases") or [])]:
+            out[name] = baseline
+    return out
+
+
+# One run's numbers.
+
+
+def pick_metric(loaded: list, metric: str) -> str:
+    """auto: eval when every run has evaluations (mixing the two would compare unlike numbers)."""
+    if metric != "auto":
+        return metric
+    return "eval" if all(r.evals is not None for r in loaded) else "train"
+
+
+def curve(run: Run, metric: str) -> tuple:
+    """(steps, scores): eval.csv's mean_return (averaged per step), or the training return."""
+    if metric == "eval":
+        if run.evals is None:
+            return np.array([]), np.array([])
+        per_step = run.evals.groupby("step", sort=True)["mean_return"].mean()
+        return per_step.index.to_numpy(float), per_step.to_numpy(float)
+    rows = run.train.dropna(subset=[runs.RETURN])
+    return rows["step"].to_numpy(float), rows[runs.RETURN].to_numpy(float)
+
+
+def summarise(run: Run, metric: str, target: Optional[float]) -> dict:
+    """Final and best score, the first step at or above target, training time and steps/s."""
+    steps, values = curve(run, metric)
+    wall = float(run.train["time_s"].max()) if "time_s" in run.train and run.train["time_s"].notna().any() else np.nan
+    last_step = float(run.train["step"].max())
+    reached = np.nonzero(values >= target)[0] if target is not None and len(values) else []
+    return dict(
+        run=run.name,
+        task=run.task,
+        setting=run.setting,
+        seed=run.seed,
+        final=float(values[-1]) if len(values) else np.nan,
+        best=float(values.max()) if len(values) else np.nan,
+        steps_to_target=float(steps[reached[0]]) if len(reached) else np.nan,
+        steps=last_step,
+        wall_s=wall,
+        sps=last_step / wall if wall and wall > 0 else np.nan,
+    )
+
+
+# Tables.
+
+
+def task_table(per_run: pd.DataFrame, reps: int, seed: int, confidence: float = scores.CONFIDENCE) -> pd.DataFrame:
+    """Per task and setting: seeds, final and best score (mean over seeds and its bootstrap
+    interval), steps to target (median over the seeds that reached it, and how many did),
+    training time and steps/s (means over seeds)."""
+    rows = []
+    for (task, setting), part in per_run.groupby(["task", "setting"], sort=False):
+        row = dict(task=task, setting=setting, seeds=len(part))
+        for column in ("final", "best"):
+            values = part[column].dropna().to_numpy()
+            interval = _mean_interval(values, reps, seed, confidence)
+            row.update({column: interval.point, f"{column}_low": interval.low, f"{column}_high": interval.high})
+        reached = part["steps_to_target"].dropna()
+        row.update(
+            reached=len(reached),
+            steps_to_target=float(reached.median()) if len(reached) else np.nan,
+            wall_s=float(part["wall_s"].mean()),
+            sps=float(part["sps"].mean()),
+        )
+        rows.append(row)
+    rows.sort(key=lambda r: (runs._natural_key(r["task"]), runs._natural_key(r["setting"])))
+    return pd.DataFrame(rows)
+
+
+def _mean_interval(values: np.ndarray, reps: int, seed: int, confidence: float) -> scores.Interval:
+    if len(values) == 0:
+        return scores.Interval(np.nan, np.nan, np.nan)
+    return scores.bootstrap_interval({"runs": values}, scores.AGGREGATES["mean"], reps, confidence, seed)
+
+
+def normalised_scores(per_run: pd.DataFrame, baselines: dict) -> tuple:
+    """({setting: {task: normalised final scores}}, {task: Baseline used}, [tasks left out, with why])."""
+    out, used, left_out = {}, {}, []
+    for task, part in per_run.groupby("task", sort=False):
+        baseline = baselines.get(task)
+        reference = baseline.normaliser() if baseline else None
+        if reference is None:
+            left_out.append(f"{task} ({_why_not_normalised(baseline)})")
+            continue
+        used[task] = baseline
+        for setting, runs_of_setting in part.groupby("setting", sort=False):
+            finals = runs_of_setting["final"].dropna().to_numpy()
+            if len(finals):
+                out.setdefault(setting, {})[task] = scores.normalise(
+                    finals, baseline.random["score"], reference["score"]
+                )
+    return out, used, left_out
+
+
+def _why_not_normalised(baseline: Optional[Baseline]) -> str:
+    if baseline is None:
+        return "not in baselines.yaml"
+    if baseline.random is None:
+        return "no random score in baselines.yaml"
+    if baseline.normalise_by is None:
+        return "no reference to normalise by in baselines.yaml"
+    return f"normalise_by names {baseline.normalise_by!r}, which is not among its references"
+
+
+def aggregate_table(normalised: dict, reps: int, seed: int, confidence: float = scores.CONFIDENCE) -> pd.DataFrame:
+    rows = []
+    for setting in sorted(normalised, key=runs._natural_key):
+        table = normalised[setting]
+        row = dict(setting=setting, tasks=len(table), runs=sum(len(v) for v in table.values()))
+        for name, interval in scores.aggregate_intervals(table, reps, confidence, seed).items():
+            row.update({name: interval.point, f"{name}_low": interval.low, f"{name}_high": interval.high})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# Figures (without pyplot: no global state, no display).
+
+
+def curve_figure(task: str, task_runs: list, metric: str, baseline: Optional[Baseline], reps: int, seed: int) -> Figure:
+    fig = Figure(figsize=(7.2, 4.4), dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    drawn = []
+    for i, setting in enumerate(settings(task_runs)):
+        color = f"C{i % 10}"
+        members = [r for r in task_runs if r.setting == setting]
+        grid, matrix = _on_one_grid([curve(r, metric) for r in members])
+        if not len(grid):
+            continue
+        for values in matrix:
+            ax.plot(grid, values, color=color, linewidth=0.7, alpha=0.5)
+        mean, low, high = scores.mean_band(matrix, reps=reps, seed=seed)
+        label = f"{setting} ({len(members)} seed{'s' * (len(members) != 1)})"
+        ax.plot(grid, mean, color=color, linewidth=2.0, label=label)
+        ax.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0)
+        drawn.append(matrix)
+    if baseline is not None:
+        _draw_references(ax, baseline, drawn)
+    ax.set_title(task)
+    ax.set_xlabel("agent steps")
+    ax.set_ylabel("evaluation return" if metric == "eval" else "training return")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return fig
+
+
+def _on_one_grid(curves: list) -> tuple:
+    """Runs' curves on shared steps: the union of their steps (or 200 even ones if that is more),
+    each run interpolated within its own range and NaN outside it."""
+    curves = [(s, v) for s, v in curves if len(s)]
+    if not curves:
+        return np.array([]), np.empty((0, 0))
+    steps = np.unique(np.concatenate([s for s, _ in curves]))
+    if len(steps) > 200:
+        steps = np.linspace(steps[0], steps[-1], 200)
+    matrix = np.array([np.interp(steps, s, v, left=np.nan, right=np.nan) for s, v in curves])
+    return steps, matrix
+
+
+def _draw_references(ax, baseline: Baseline, drawn: list) -> None:
+    """Dashed lines for the references (dotted for random play); one far off the runs' scale is
+    named in the legend but not drawn, so that it does not flatten the curves."""
+    values = np.concatenate([m[np.isfinite(m)] for m in drawn]) if drawn else np.array([])
+    low, high = (float(values.min()), float(values.max())) if len(values) else (-np.inf, np.inf)
+    span = max(high - low, 1e-9) if len(values) else np.inf
+    lines = [dict(name="random", score=baseline.random["score"], steps=None)] if baseline.random else []
+    for i, reference in enumerate([*lines, *baseline.references]):
+        label = f"{reference['name']}: {_number(reference['score'])}"
+        if reference.get("steps"):
+            label += f" at {_steps(reference['steps'])} steps"
+        if low - span <= reference["score"] <= high + span:
+            style = ":" if reference["name"] == "random" else "--"
+            ax.axhline(
+                reference["score"], color="0.35" if style == ":" else f"C{(i + 5) % 10}", linestyle=style, label=label
+            )
+        else:
+            ax.plot([], [], linestyle="none", label=f"{label} (off scale)")
+
+
+def profile_figure(normalised: dict, reps: int, seed: int) -> Figure:
+    fig = Figure(figsize=(6.4, 4.4), dpi=DPI, layout="constrained")
+    ax = fig.subplots()
+    pooled = {f"{s}/{t}": v for s, table in normalised.items() for t, v in table.items()}
+    taus = scores.tau_grid(pooled) if pooled else np.linspace(0, 1, 101)
+    for i, setting in enumerate(sorted(normalised, key=runs._natural_key)):
+        profile = scores.performance_profile(normalised[setting], taus, reps=reps, seed=seed)
+        ax.plot(taus, profile.fraction, color=f"C{i % 10}", label=setting)
+        ax.fill_between(taus, profile.low, profile.high, color=f"C{i % 10}", alpha=0.2, linewidth=0)
+    ax.set_xlabel("normalised score τ")
+    ax.set_ylabel("fraction of runs with score > τ")
+    ax.set_title("Performance profile (final scores)")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    if normalised:
+        ax.legend(fontsize="small")
+    else:
+        ax.text(0.5, 0.5, "no task has a random score and a reference", ha="center", va="center")
+    return fig
+
+
+# The report.
+
+
+@dataclass
+class Options:
+    metric: str = "auto"
+    targets: dict = field(default_factory=dict)  # task -> target; "" -> every task's
+    window: int = 100
+    reps: int = scores.DEFAULT_REPS
+    seed: int = 0
+    baselines: Path = BASELINES
+
+
+def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Optional[Options] = None) -> dict:
+    """Reads the runs under paths and writes the report to out_dir; returns {name: path}."""
+    options = options or Options()
+    loaded = load_runs(paths, options.window)
+    metric = pick_metric(loaded, options.metric)
+    if metric == "eval":
+        missing = [r.name for r in loaded if r.evals is None]
+        loaded = [r for r in loaded if r.evals is not None]
+        if not loaded:
+            raise FileNotFoundError("no run has an eval.csv: use --metric train")
+    else:
+        missing = []
+    per_run = pd.DataFrame([summarise(r, metric, _target(options.targets, r.task)) for r in loaded])
+    baselines = load_baselines(options.baselines)
+    table = task_table(per_run, options.reps, options.seed)
+    normalised, used, left_out = normalised_scores(per_run, baselines)
+    aggregates = aggregate_table(normalised, options.reps, options.seed)
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = {}
+    for task in tasks(loaded):
+        task_runs = [r for r in loaded if r.task == task]
+        fig = curve_figure(task, task_runs, metric, baselines.get(task), options.reps, options.seed)
+        written[f"curve:{task}"] = _save(fig, out_dir / f"curve_{_file_name(task)}.png")
+    written["profile"] = _save(
+        profile_figure(normalised, options.reps, options.seed), out_dir / "performance_profile.png"
+    )
+    written["tasks_csv"] = out_dir / "tasks.csv"
+    table.to_csv(written["tasks_csv"], index=False)
+    written["aggregates_csv"] = out_dir / "aggregates.csv"
+    aggregates.to_csv(written["aggregates_csv"], index=False)
+    markdown = render_markdown(
+        paths, loaded, metric, missing, table, aggregates, used, left_out, baselines, options, written
+    )
+    written["report"] = out_dir / "report.md"
+    written["report"].write_text(markdown)
+    return written
+
+
+def _target(targets: dict, task: str) -> Optional[float]:
+    return targets.get(task, targets.get(""))
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    fig.savefig(path)
+    return path
+
+
+def _file_name(task: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", task)
+
+
+def render_markdown(
+    paths, loaded, metric, missing, table, aggregates, used, left_out, baselines, options, written
+) -> str:
+    what = (
+        "evaluation return (eval.csv's mean_return; the last evaluation is the final score)"
+        if metric == "eval"
+        else f"training return (the mean of the last {options.window} episodes at each logs.csv row; "
+        "its last value is the final score)"
+    )
+    lines = [
+        "# Report",
+        "",
+        f"{len(loaded)} run{'s' * (len(loaded) != 1)} in {', '.join(str(p) for p in paths)}.",
+        f"Score: {what}.",
+        f"Intervals: {scores.CONFIDENCE:.0%}, percentile bootstrap over seeds ({options.reps:,} replicates, "
+        f"seed {options.seed}); across tasks, stratified (each task's runs resampled on their own).",
+    ]
+    if missing:
+        lines.append(f"Left out, no eval.csv: {', '.join(missing)}.")
+    with_evals = sum(r.evals is not None for r in loaded)
+    if metric == "train" and with_evals:
+        lines.append(
+            f"Only {with_evals} of {len(loaded)} runs have an eval.csv, so none is used (--metric eval: those)."
+        )
+    lines.append(
+        "Per task, final and best: the mean over seeds [95% interval]; steps to target: the median over the "
+        "seeds that reached it; training time: logs.csv's time_s (across resumes); steps/s: steps / training time."
+    )
+    for task in tasks(loaded):
+        lines += ["", f"## {task}", "", f"![{task}]({written[f'curve:{task}'].name})", ""]
+        lines += _task_markdown(table[table["task"] == task], _target(options.targets, task))
+        lines += _references_markdown(baselines.get(task))
+    lines += ["", "## Across tasks (normalised final scores)", ""]
+    lines += _aggregate_markdown(aggregates, used, left_out, written)
+    return "\n".join(lines) + "\n"
+
+
+def _task_markdown(rows: pd.DataFrame, target: Optional[float]) -> list:
+    target_header = f"steps to {target:g}" if target is not None else "steps to target"
+    lines = [
+        f"| setting | seeds | final | best | {target_header} | training time | steps/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows.itertuples(index=False):
+        if target is None:
+            reach = "-"
+        elif row.reached:
+            reach = f"{_steps(row.steps_to_target)} ({row.reached}/{row.seeds} seeds)"
+        else:
+            reach = f"not reached (0/{row.seeds} seeds)"
+        lines.append(
+            f"| {row.setting} | {row.seeds} | {_with_interval(row.final, row.final_low, row.final_high)} | "
+            f"{_with_interval(row.best, row.best_low, row.best_high)} | {reach} | {_duration(row.wall_s)} | "
+            f"{_number(row.sps)} |"
+        )
+    return lines
+
+
+def _references_markdown(baseline: Optional[Baseline]) -> list:
+    if baseline is None:
+        return ["", "No published reference for this task in baselines.yaml."]
+    lines = [""]
+    if baseline.random:
+        lines.append(f"- random: {_number(baseline.random['score'])} ({baseline.random['source']})")
+    for reference in baseline.references:
+        at = f" at {_steps(reference['steps'])} steps" if reference.get("steps") else ""
+        lines.append(f"- {reference['name']}: {_number(reference['score'])}{at} ({reference['source']})")
+    return lines
+
+
+def _aggregate_markdown(aggregates: pd.DataFrame, used: dict, left_out: list, written: dict) -> list:
+    if aggregates.empty:
+        return ["No task has both a random score and a reference to normalise by (baselines.yaml)."] + (
+            [f"Left out: {', '.join(left_out)}."] if left_out else []
+        )
+    by = "; ".join(f"{task} by {b.normalise_by}" for task, b in sorted(used.items()))
+    lines = [
+        f"Normalised score: (score - random) / (reference - random), 0 = random play, 1 = the reference: {by}.",
+    ]
+    if left_out:
+        lines.append(f"Left out: {', '.join(left_out)}.")
+    names = list(scores.AGGREGATES)
+    lines += [
+        "",
+        f"| setting | tasks | runs | {' | '.join(names)} |",
+        "|---|---|---|" + "---|" * len(names),
+    ]
+    for row in aggregates.to_dict("records"):
+        cells = [_with_interval(row[n], row[f"{n}_low"], row[f"{n}_high"], digits=3) for n in names]
+        lines.append(f"| {row['setting']} | {row['tasks']} | {row['runs']} | {' | '.join(cells)} |")
+    lines += [
+        "",
+        "IQM: the mean of the middle 50% of all runs' scores; median and mean: of the per-task means; "
+        f"optimality gap: the mean shortfall below {scores.GAMMA:g} (Agarwal et al. 2021). [95% stratified bootstrap "
+        "interval]",
+        "",
+        f"![performance profile]({written['profile'].name})",
+    ]
+    return lines
+
+
+def _with_interval(point: float, low: float, high: float, digits: Optional[int] = None) -> str:
+    if np.isnan(point):
+        return "-"
+    show = (lambda x: f"{x:.{digits}f}") if digits is not None else _number
+    return f"{show(point)} [{show(low)}, {show(high)}]"
+
+
+def _number(x: float) -> str:
+    if x is None or np.isnan(x):
+        return "-"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+
+
+def _steps(x: float) -> str:
+    return f"{int(round(x)):,}"
+
+
+def _duration(seconds: float) -> str:
+    if np.isnan(seconds):
+        return "-"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+# The command.
+
+
+def parse_targets(values: Sequence[str]) -> dict:
+    """`18` (every task) and/or `ALE/Pong-v5=18` (one task) -> {task or "": target}."""
+    targets = {}
+    for value in values:
+        task, _, number = value.rpartition("=")
+        try:
+            targets[task] = float(number)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--target {value}: expected X or TASK=X with a number X") from None
+    return targets
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m torchbeast_hydra.logs.report",
+        description="Per-task curves and tables, and scores across tasks normalised by published references "
+        "(IQM, median, mean, optimality gap with stratified bootstrap intervals; a performance profile), "
+        "for run dirs and sweeps.",
+    )
+    parser.add_argument(
+        "paths", nargs="*", metavar="PATH", help="run dirs and/or multirun dirs (default: the newest under outputs/)"
+    )
+    parser.add_argument(
+        "--out", help="where to write report.md and the PNGs (default: PATH/report, or the paths' common parent's)"
+    )
+    parser.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        metavar="[TASK=]X",
+        help="the score whose first crossing the table gives in steps; TASK=X for one task (repeatable)",
+    )
+    parser.add_argument(
+        "--metric",
+        choices=["auto", "eval", "train"],
+        default="auto",
+        help="eval: eval.csv's mean return; train: the training return; auto (default): eval if every run has one",
+    )
+    parser.add_argument(
+        "--window", type=int, default=100, help="training return: the mean of the last N episodes (default 100)"
+    )
+    parser.add_argument("--reps", type=int, default=scores.DEFAULT_REPS, help="bootstrap replicates (default 2,000)")
+    parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")
+    parser.add_argument(
+        "--baselines", type=Path, default=BASELINES, help="the reference scores (default: the packaged baselines.yaml)"
+    )
+    args = parser.parse_args(argv)
+
+    try:
+        targets = parse_targets(args.target)
+    except argparse.ArgumentTypeError as error:
+        parser.error(str(error))
+    try:
+        paths = [Path(p) for p in args.paths] or [runs.latest_runs_dir()]
+        out_dir = Path(args.out) if args.out else _default_out(paths)
+        options = Options(args.metric, targets, args.window, args.reps, args.seed, args.baselines)
+        written = write_report(paths, out_dir, options)
+    except FileNotFoundError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(written["report"].read_text())
+    for path in written.values():
+        print(f"wrote {path}")
+    return 0
+
+
+def _default_out(paths: list) -> Path:
+    base = paths[0] if len(paths) == 1 else Path(os.path.commonpath([p.resolve() for p in paths]))
+    return base / "report"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
