@@ -25,6 +25,7 @@ from torchbeast_hydra.logs.metrics import RecentReturns, read_rows
 from torchbeast_hydra.run import checkpoint
 from torchbeast_hydra.run.checkpoint import CheckpointError
 from torchbeast_hydra.run.launch import LaunchError, check_launcher_plugin, hand_over, register_resolvers
+from torchbeast_hydra.run.settings import EvalObjective
 from torchbeast_hydra.run.training_run import RunDirError
 
 log = logging.getLogger("torchbeast_hydra")
@@ -92,11 +93,18 @@ def write_run_info(run_dir: Path) -> None:
 
 
 def final_return(training_run) -> float:
-    """The mean return of the run's last (up to) 100 episodes: what a sweeper optimises.
+    """What a sweeper optimises (eval.objective): the final or the best evaluation's mean return, or
+    the mean return of the run's last 100 training episodes (also where no evaluation was played).
 
-    A run resumed at its end plays no episode in this process: logs.csv still has them. NaN when
-    the run finished no episode at all (Optuna records such a trial as failed).
+    A run resumed at its end plays no episode in this process: logs.csv and eval.csv still have
+    them. NaN when the run finished no episode at all (Optuna records such a trial as failed).
     """
+    objective = EvalObjective(training_run.cfg.eval.objective)
+    scores = training_run.evaluations.scores() if objective is not EvalObjective.train else []
+    if objective is EvalObjective.final and any(final for _, _, final in scores):
+        return [score for _, score, final in scores if final][-1]
+    if objective is EvalObjective.best and scores:
+        return max(score for _, score, _ in scores)
     recent = training_run.stats.recent_returns
     if not len(recent) and training_run.csv_path.exists():
         recent = RecentReturns(returns=[r for row in read_rows(training_run.csv_path) for r in row["episode_returns"]])

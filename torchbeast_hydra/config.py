@@ -54,7 +54,7 @@ from torchbeast_hydra.learning.settings import AccelConfig, AdamConfig, RMSPropC
 from torchbeast_hydra.logs import settings as logs_settings
 from torchbeast_hydra.logs.settings import LoggerConfig
 from torchbeast_hydra.run import settings as run_settings
-from torchbeast_hydra.run.settings import TestConfig
+from torchbeast_hydra.run.settings import EvalConfig, TestConfig
 
 
 class Mode(enum.Enum):
@@ -71,6 +71,7 @@ class Config:
     backend: Any = MISSING
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     test: TestConfig = field(default_factory=TestConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     accel: AccelConfig = field(default_factory=AccelConfig)
 
     mode: Mode = Mode.train  # train | test

@@ -225,6 +225,13 @@ class WandbLog:
         metrics = numeric_fields(row)
         self.log(metrics, wandb_step=metrics.get("step"))
 
+    def log_eval(self, row: Mapping) -> None:
+        """An evaluation's figures (run.periodic_eval) as eval/*, at x = the training step it measured.
+
+        At wandb's next `_step`: the evaluation finishes after later training rows were logged."""
+        figures = {f"eval/{key}": value for key, value in numeric_fields(row).items() if key != "step"}
+        self.log(dict(step=row["step"], **figures), summary=figures)
+
     def log(
         self,
         metrics: Mapping,

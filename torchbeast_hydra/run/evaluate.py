@@ -69,22 +69,10 @@ def evaluate(cfg, trained_dir: Path, out_dir: Path) -> dict:
         returns, lengths = play(model, envs, cfg.test.num_episodes, cfg.test.max_episode_steps, action)
     finally:
         envs.close()
-    atari = atari_settings(env_cfg) if is_atari(env_cfg.id, env_cfg.imports) else None  # the protocol's settings
     result = dict(
         step=state["step"],
-        episodes=len(returns),
-        mean_return=statistics.fmean(returns),
-        std_return=statistics.pstdev(returns),
-        min_return=min(returns),
-        max_return=max(returns),
-        mean_length=statistics.fmean(lengths),
-        seconds=round(time.monotonic() - started, 2),
-        # The protocol, so that figures from different evaluations are never mixed up.
-        greedy=cfg.test.greedy,
-        sticky_action_prob=atari.sticky_action_prob if atari else "",
-        max_episode_steps=cfg.test.max_episode_steps,
-        episodic_life=envs.episodic_life,
-        noop_max=atari.noop_max if atari else "",
+        **figures(returns, lengths, time.monotonic() - started),
+        **protocol(env_cfg, envs, cfg.test.greedy, cfg.test.max_episode_steps),
         seed=cfg.seed,
         trained_run=str(trained_dir),
     )
@@ -101,15 +89,45 @@ def evaluate(cfg, trained_dir: Path, out_dir: Path) -> dict:
 
 
 def eval_env_config(cfg, state: dict) -> EnvConfig:
-    """The trained run's env, with test mode's protocol (sticky actions) on top.
+    """The trained run's env, with test mode's protocol (sticky actions) on top."""
+    return with_test_protocol(cfg, state["config"]["env"])
+
+
+def figures(returns: list, lengths: list, seconds: float) -> dict:
+    """What an evaluation measured (EVAL_FIGURES)."""
+    return dict(
+        episodes=len(returns),
+        mean_return=statistics.fmean(returns),
+        std_return=statistics.pstdev(returns),
+        min_return=min(returns),
+        max_return=max(returns),
+        mean_length=statistics.fmean(lengths),
+        seconds=round(seconds, 2),
+    )
+
+
+def protocol(env_cfg, envs: Environments, greedy: bool, max_episode_steps: int) -> dict:
+    """How an evaluation played, so that figures from different protocols are never mixed up."""
+    atari = atari_settings(env_cfg) if is_atari(env_cfg.id, env_cfg.imports) else None
+    return dict(
+        greedy=greedy,
+        sticky_action_prob=atari.sticky_action_prob if atari else "",
+        max_episode_steps=max_episode_steps,
+        episodic_life=envs.episodic_life,
+        noop_max=atari.noop_max if atari else "",
+    )
+
+
+def with_test_protocol(cfg, env_cfg: dict) -> EnvConfig:
+    """An env config (plain data) with test mode's protocol (test.sticky_action_prob) on top.
 
     Read with the Atari schema whatever the id: a run's saved env may hold the Atari settings
     (older runs saved them for every env) or not; non-Atari ids ignore them.
     """
-    env_cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AtariEnvConfig), state["config"]["env"]))
+    merged = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(AtariEnvConfig), env_cfg))
     if cfg.test.sticky_action_prob is not None:
-        env_cfg.sticky_action_prob = cfg.test.sticky_action_prob
-    return env_cfg
+        merged.sticky_action_prob = cfg.test.sticky_action_prob
+    return merged
 
 
 def play(model, envs: Environments, num_episodes: int, max_episode_steps: int, action: str):

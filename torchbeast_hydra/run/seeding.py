@@ -19,3 +19,13 @@ def actor_seed(run_seed: int, actor: int, envs_per_actor: int) -> int:
     """The first env seed of the `actor`-th actor a run starts (restarts and reconnects count on),
     so that every env of every actor, replacement or client gets its own seed."""
     return run_seed * 1_000_003 + actor * envs_per_actor
+
+
+# Evaluation envs' seeds start here: far above any training env's (actor_seed stays below it for
+# any run seed under 4.6e12), so evaluation never replays a training env's episodes.
+EVAL_SEED_BASE = 2**62
+
+
+def eval_seed(run_seed: int) -> int:
+    """The evaluation env's seed: the same for every evaluation of a run (each plays the same starts)."""
+    return EVAL_SEED_BASE + run_seed

@@ -3,6 +3,7 @@ trackers."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Optional
 
@@ -24,6 +25,28 @@ class TestConfig:
     sticky_action_prob: Optional[float] = None
 
 
+class EvalObjective(enum.Enum):
+    """What a run returns to a sweeper (hydra/sweeper=optuna optimises it)."""
+
+    final = "final"  # the final evaluation's mean return (the training mean when there is none)
+    best = "best"  # the best evaluation's mean return over the run
+    train = "train"  # the mean return of the last 100 training episodes
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation during training (run/periodic_eval.py): the current weights play whole episodes on
+    envs of their own (own seeds, test mode's protocol: test.max_episode_steps and
+    test.sticky_action_prob), in a process of their own, while the learner goes on. Rows go to
+    eval.csv and, as eval/*, to wandb and TensorBoard."""
+
+    interval_steps: int = 0  # every this many agent steps; 0: none during training
+    episodes: int = 10  # whole episodes per evaluation
+    greedy: bool = True  # argmax actions; false samples from the policy
+    final: bool = True  # one more at the end of a run that reaches total_steps (in the learner process)
+    objective: EvalObjective = EvalObjective.final
+
+
 def to_plain_dict(cfg) -> dict:
     """The resolved config as plain data for checkpoints and trackers, with secrets masked."""
     plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
@@ -42,6 +65,8 @@ def check(cfg) -> None:
         cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
         f"device={cfg.device!r}: use auto, cpu, cuda or cuda:N.",
     )
+    require(cfg.eval.interval_steps >= 0, "eval.interval_steps must be >= 0 (0: no evaluation during training).")
+    require(cfg.eval.episodes >= 1, "eval.episodes must be at least 1.")
     test = cfg.test
     require(test.max_episode_steps >= 1, "test.max_episode_steps must be at least 1.")
     require(test.num_episodes >= 1, "test.num_episodes must be at least 1.")

@@ -138,6 +138,7 @@ class Backend:
                         log.info("%s%s", run.stats.progress_line(), self.progress())
                         last_log = time.monotonic()
                     run.maybe_checkpoint()
+                    run.maybe_evaluate()
             finally:
                 run.stop_requested.set()
                 for thread in learners:
@@ -149,3 +150,4 @@ class Backend:
             if self._errors:
                 raise self._errors[0]
         log.info("%s", run.outcome())
+        run.final_evaluation()

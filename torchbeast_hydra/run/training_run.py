@@ -27,6 +27,7 @@ from torchbeast_hydra.logs.metrics import CsvLog, Stats, duration
 from torchbeast_hydra.logs.wandb_log import WandbLog, hydra_labels
 from torchbeast_hydra.run import checkpoint
 from torchbeast_hydra.run.devices import device_name, resolve_device
+from torchbeast_hydra.run.periodic_eval import Evaluations
 from torchbeast_hydra.run.resume import check_resumable, config_changes, describe_changes, env_signature
 from torchbeast_hydra.run.seeding import seed_everything
 from torchbeast_hydra.run.settings import to_plain_dict
@@ -104,6 +105,8 @@ class TrainingRun:
         if wandb_log.active:
             sinks.append(wandb_log)
         self.stats = Stats(start_step, cfg.total_steps, sinks, start_time_s=elapsed_s)
+        eval_sinks = [sink for sink in sinks if hasattr(sink, "log_eval")]
+        self.evaluations = Evaluations(cfg, self.run_dir, eval_sinks, resume_step=start_step)
         self.stats.episodes = episodes
         self._last_save = time.monotonic()
 
@@ -194,7 +197,22 @@ class TrainingRun:
         self._last_save = time.monotonic()
         log.info("Saved checkpoint at step %d to %s.", self.stats.step, self.checkpoint_path)
 
+    def weights(self) -> dict:
+        """A CPU copy of the learner's weights, taken between updates (for evaluation)."""
+        with self.lock:
+            return {key: value.detach().to("cpu", copy=True) for key, value in self.learner.model.state_dict().items()}
+
+    def maybe_evaluate(self) -> None:
+        """Starts an evaluation when one is due (none in flight), and logs those that finished."""
+        self.evaluations.maybe_start(self.stats.step, self.weights)
+
+    def final_evaluation(self) -> None:
+        """The end-of-run evaluation, once the run has reached total_steps."""
+        if self.stats.step >= self.cfg.total_steps:
+            self.evaluations.final(self.stats.step, self.weights())
+
     def close(self) -> None:
+        self.evaluations.close()
         self.stats.close()
 
 

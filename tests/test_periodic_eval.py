@@ -1,0 +1,141 @@
+"""Evaluation during training (run/periodic_eval.py): rows at the interval while training goes on,
+on envs whose seeds no training env has, a final one, and the sweeper's objective read from them."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from torchbeast_hydra.__main__ import final_return
+from torchbeast_hydra.agent.models import make_model
+from torchbeast_hydra.logs.metrics import RecentReturns, read_rows
+from torchbeast_hydra.run.periodic_eval import Evaluations
+from torchbeast_hydra.run.seeding import EVAL_SEED_BASE, actor_seed, eval_seed
+
+from conftest import TINY, compose_config, run_cli
+
+
+class Recorder:
+    """A sink that keeps the evaluations it is sent (as wandb's and TensorBoard's do)."""
+
+    def __init__(self):
+        self.rows = []
+
+    def log_eval(self, row):
+        self.rows.append(row)
+
+
+def evaluations(tmp_path, *overrides):
+    cfg = compose_config(["experiment=cartpole", "eval.episodes=2", "test.max_episode_steps=50", *overrides])
+    return cfg, Evaluations(cfg, tmp_path, [Recorder()], resume_step=0)
+
+
+def weights_of(cfg):
+    from torchbeast_hydra.env.spaces import probe_env
+
+    model = make_model(cfg.model, probe_env(cfg.env))
+    return lambda: {key: value.clone() for key, value in model.state_dict().items()}
+
+
+def wait_for_row(evals, count, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        evals.poll()
+        if evals.path.exists() and len(read_rows(evals.path)) >= count:
+            return read_rows(evals.path)
+        time.sleep(0.1)
+    raise AssertionError(f"no {count} evaluation rows within {timeout} s")
+
+
+def test_evaluations_come_due_at_the_interval_and_are_skipped_while_one_plays(tmp_path):
+    cfg, evals = evaluations(tmp_path, "eval.interval_steps=1000", "total_steps=10000")
+    snapshot = weights_of(cfg)
+    taken = []
+
+    def counted():
+        taken.append(1)
+        return snapshot()
+
+    try:
+        evals.maybe_start(999, counted)
+        assert not taken  # not due yet
+        evals.maybe_start(1000, counted)
+        evals.maybe_start(2000, counted)  # due, but the first still plays (its process is still starting)
+        assert len(taken) == 1 and evals.next_step == 3000
+        (row,) = wait_for_row(evals, 1)
+        assert row["step"] == 1000 and row["episodes"] == 2 and row["final"] is False
+        assert row["seed"] == eval_seed(cfg.seed)
+        evals.maybe_start(3500, counted)  # due again: the next due step follows the step it came at
+        assert evals.next_step == 4000
+        rows = wait_for_row(evals, 2)
+        assert [r["step"] for r in rows] == [1000, 3500]
+        assert [r["step"] for r in evals.sinks[0].rows] == [1000, 3500]
+        assert set(evals.sinks[0].rows[0]) >= {"step", "mean_return", "std_return", "episodes"}
+    finally:
+        evals.close()
+
+
+def test_the_final_evaluation_is_written_once(tmp_path):
+    cfg, evals = evaluations(tmp_path, "total_steps=5000")
+    row = evals.final(5000, weights_of(cfg)())
+    assert row["final"] is True and row["step"] == 5000
+    assert evals.final(5000, weights_of(cfg)()) is None  # a run resumed at its end: not again
+    assert evals.scores() == [(5000, row["mean_return"], True)]
+
+
+def test_a_failing_evaluation_turns_evaluation_off_and_training_goes_on(tmp_path):
+    cfg, evals = evaluations(tmp_path, "eval.interval_steps=100", "total_steps=10000")
+    try:
+        evals.maybe_start(100, lambda: {"not": "the model's weights"})
+        deadline = time.monotonic() + 60
+        while evals.next_step is not None and time.monotonic() < deadline:
+            evals.poll()
+            time.sleep(0.1)
+        assert evals.next_step is None and evals._process is None
+    finally:
+        evals.close()
+
+
+def test_evaluation_seeds_are_never_a_training_envs():
+    for run_seed in (0, 1, 12345, 10**9):
+        # every env of 10,000 actors of 256 envs each (restarts and reconnects count on)
+        assert actor_seed(run_seed, 10_000, 256) < EVAL_SEED_BASE <= eval_seed(run_seed)
+    assert eval_seed(1) != eval_seed(2)
+
+
+def training_run_with(tmp_path, objective, scores, train_returns):
+    """What final_return reads of a finished run."""
+    rows = [dict(step=s, mean_return=r, final=f) for s, r, f in scores]
+    evals = SimpleNamespace(scores=lambda: [(r["step"], r["mean_return"], r["final"]) for r in rows])
+    return SimpleNamespace(
+        cfg=SimpleNamespace(eval=SimpleNamespace(objective=objective)),
+        evaluations=evals,
+        stats=SimpleNamespace(recent_returns=RecentReturns(returns=train_returns)),
+        csv_path=tmp_path / "logs.csv",
+    )
+
+
+def test_the_sweep_objective_is_the_final_or_best_evaluation(tmp_path):
+    scores = [(100, 5.0, False), (200, 9.0, False), (300, 7.0, True)]
+    assert final_return(training_run_with(tmp_path, "final", scores, [1.0, 3.0])) == 7.0
+    assert final_return(training_run_with(tmp_path, "best", scores, [1.0, 3.0])) == 9.0
+    assert final_return(training_run_with(tmp_path, "train", scores, [1.0, 3.0])) == 2.0
+    assert final_return(training_run_with(tmp_path, "final", [], [1.0, 3.0])) == 2.0  # no evaluation: training's
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["mono", "poly"])
+def test_evaluations_are_written_while_training_goes_on(tmp_path, backend):
+    run_dir = tmp_path / "run"
+    overrides = [*TINY, f"backend={backend}", "total_steps=20000", "eval.interval_steps=4000", "eval.episodes=2"]
+    run_cli(run_dir, *overrides, timeout=300)
+    evals = read_rows(run_dir / "eval.csv")
+    periodic = [row for row in evals if not row["final"]]
+    assert len(periodic) >= 2, evals  # at least two of the four due came back while training went on
+    steps = [row["step"] for row in periodic]
+    assert steps == sorted(set(steps)) and steps[0] >= 4000 and steps[-1] < 20000
+    trained = read_rows(run_dir)
+    assert [row["step"] for row in evals if row["final"]] == [trained[-1]["step"]]  # at the run's last step
+    assert any(row["step"] > periodic[0]["step"] for row in trained)

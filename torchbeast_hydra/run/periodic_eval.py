@@ -1,0 +1,196 @@
+"""Evaluation during training: the current policy, measured apart from the training envs.
+
+Every `eval.interval_steps` agent steps, a snapshot of the learner's weights (a CPU copy, taken
+between updates) goes to an evaluation process, which plays `eval.episodes` whole episodes on an
+env of its own (its own seed, run.seeding.eval_seed; test mode's protocol) while training goes on.
+A snapshot that comes due while the previous one is still being played is skipped, never queued:
+evaluation never holds the learner back. At the end of a run that reaches total_steps, one final
+evaluation is played in the learner process.
+
+Rows go to RUN_DIR/eval.csv (mode=test's columns, plus `final`) and, as eval/*, to wandb and
+TensorBoard. A failing evaluation logs one warning and turns evaluation off; training goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+from torchbeast_hydra.agent.models import make_model
+from torchbeast_hydra.env.vector import Environments
+from torchbeast_hydra.logs.metrics import CsvLog, read_rows
+from torchbeast_hydra.run.evaluate import EVAL_FIGURES, figures, play, protocol, with_test_protocol
+from torchbeast_hydra.run.seeding import eval_seed
+from torchbeast_hydra.run.settings import to_plain_dict
+
+log = logging.getLogger(__name__)
+
+FILENAME = "eval.csv"
+STOP_TIMEOUT_S = 10.0
+FINISH_TIMEOUT_S = 120.0  # at the end of a run, for the evaluation still playing
+
+
+class Player:
+    """An evaluation env and a CPU copy of the model: plays whole episodes with given weights,
+    every evaluation from the same seeded starts."""
+
+    def __init__(self, model_cfg, env_cfg, seed: int):
+        torch.set_num_threads(1)
+        self.env_cfg = env_cfg
+        self.envs = Environments(env_cfg, 1, seed=seed)
+        self.model = make_model(model_cfg, self.envs.spec).eval()
+
+    def play(self, weights: dict, episodes: int, max_episode_steps: int, greedy: bool) -> dict:
+        self.model.load_state_dict(weights)
+        started = time.monotonic()
+        action = "greedy" if greedy else "sample"
+        returns, lengths = play(self.model, self.envs, episodes, max_episode_steps, action)
+        return dict(
+            **figures(returns, lengths, time.monotonic() - started),
+            **protocol(self.env_cfg, self.envs, greedy, max_episode_steps),
+        )
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+def _worker(model_cfg, env_cfg, seed, episodes, max_episode_steps, greedy, requests, results) -> None:
+    """The evaluation process: plays each snapshot it is sent until it is sent None."""
+    try:
+        player = Player(model_cfg, env_cfg, seed)
+        while (request := requests.get()) is not None:
+            step, weights = request
+            results.put((step, player.play(weights, episodes, max_episode_steps, greedy)))
+        player.close()
+    except Exception as error:  # reported by the learner process, which turns evaluation off
+        results.put((None, f"{type(error).__name__}: {error}"))
+
+
+class Evaluations:
+    """Periodic and final evaluations of one training run, and their rows."""
+
+    def __init__(self, cfg, run_dir: Path, sinks: list, resume_step: int):
+        """sinks: where eval/* figures go besides eval.csv (wandb, TensorBoard): each has log_eval(row)."""
+        self.settings = cfg.eval
+        self.max_episode_steps = cfg.test.max_episode_steps
+        self.model_cfg = cfg.model
+        self.env_cfg = with_test_protocol(cfg, to_plain_dict(cfg)["env"])
+        self.seed = eval_seed(cfg.seed)
+        self.path = Path(run_dir) / FILENAME
+        self.sinks = sinks
+        self.resume_step = resume_step
+        interval = self.settings.interval_steps
+        self.next_step = (resume_step // interval + 1) * interval if interval else None
+        # The end of the run is the final evaluation's, when there is one.
+        self.last_periodic_step = cfg.total_steps - 1 if self.settings.final else cfg.total_steps
+        self._process = None
+        self._in_flight: int | None = None
+
+    def maybe_start(self, step: int, snapshot) -> None:
+        """Called between updates: reports finished evaluations, and sends snapshot() (the current
+        weights, a CPU copy) to be played when an evaluation is due and none is in flight."""
+        if self.next_step is not None and self.next_step > self.last_periodic_step:
+            self.next_step = None  # none will come due: no process needed
+        if self.next_step is not None and self._process is None:
+            self._start_process()  # at the first call: spawning and importing take seconds
+        self.poll()
+        if self.next_step is None or step < self.next_step:
+            return
+        interval = self.settings.interval_steps
+        self.next_step = (step // interval + 1) * interval
+        if self._in_flight is not None:
+            log.info("Evaluation at step %d skipped: the one of step %d is still playing.", step, self._in_flight)
+            return
+        self._requests.put((step, snapshot()))
+        self._in_flight = step
+
+    def poll(self, wait_s: float = 0.0) -> None:
+        """Writes the rows of evaluations that have finished, waiting up to wait_s for one in flight."""
+        while self._process is not None:
+            try:
+                step, result = (
+                    self._results.get(timeout=wait_s)
+                    if self._in_flight is not None and wait_s
+                    else (self._results.get_nowait())
+                )
+            except queue.Empty:
+                return
+            self._in_flight = None
+            if step is None:
+                log.warning("Evaluation failed (%s); training goes on without it.", result)
+                self.close()
+                self.next_step = None
+                return
+            self._write(step, result, final=False)
+
+    def final(self, step: int, weights: dict) -> dict | None:
+        """The end-of-run evaluation, played here (training is over: the cores are free)."""
+        self.poll(wait_s=FINISH_TIMEOUT_S)  # the periodic evaluation still playing, if any
+        self.close()
+        if not self.settings.final or self._has_final(step):
+            return None
+        player = Player(self.model_cfg, self.env_cfg, self.seed)
+        try:
+            result = player.play(weights, self.settings.episodes, self.max_episode_steps, self.settings.greedy)
+        finally:
+            player.close()
+        return self._write(step, result, final=True)
+
+    def close(self) -> None:
+        if self._process is None:
+            return
+        self._requests.put(None)
+        self._process.join(STOP_TIMEOUT_S)
+        if self._process.is_alive():
+            self._process.terminate()
+        self._process = None
+        self._in_flight = None
+
+    def _start_process(self) -> None:
+        context = mp.get_context("spawn")
+        self._requests, self._results = context.Queue(), context.Queue()
+        args = (
+            self.model_cfg,
+            self.env_cfg,
+            self.seed,
+            self.settings.episodes,
+            self.max_episode_steps,
+            self.settings.greedy,
+            self._requests,
+            self._results,
+        )
+        self._process = context.Process(target=_worker, args=args, name="evaluation", daemon=True)
+        self._process.start()
+
+    def _write(self, step: int, result: dict, final: bool) -> dict:
+        row = dict(step=step, **result, final=final, seed=self.seed)
+        csv = CsvLog(self.path, resume_step=self.resume_step, fields=list(row))
+        csv.write(row)
+        csv.close()
+        self.resume_step = None  # rows past the checkpoint were dropped once, when the first row came
+        for sink in self.sinks:
+            sink.log_eval({key: row[key] for key in ("step", *EVAL_FIGURES)})
+        log.info(
+            "Evaluation%s at step %d: mean return %.2f ± %.2f over %d episodes.",
+            " (final)" if final else "",
+            step,
+            row["mean_return"],
+            row["std_return"],
+            row["episodes"],
+        )
+        return row
+
+    def _has_final(self, step: int) -> bool:
+        """A run resumed at its end has had its final evaluation already."""
+        return self.path.exists() and any(row["step"] == step and row.get("final") for row in read_rows(self.path))
+
+    def scores(self) -> list[tuple[int, float, bool]]:
+        """(step, mean return, final) of every evaluation so far, from eval.csv."""
+        if not self.path.exists():
+            return []
+        return [(row["step"], row["mean_return"], bool(row.get("final"))) for row in read_rows(self.path)]
