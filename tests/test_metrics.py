@@ -107,3 +107,9 @@ def test_progress_never_passes_100_percent():
     stats = Stats(start_step=0, total_steps=1000)
     stats.record(1010, [], {}, {})  # the last batch ends past total_steps
     assert "step 1,010/1,000 (100.0%)" in stats.progress_line()
+
+
+def test_the_progress_line_names_the_loss_terms_it_sums():
+    stats = Stats(start_step=0, total_steps=1000)
+    stats.record(50, [1.0], dict(total_loss=1.25, pg_loss=0.5, baseline_loss=0.8, entropy_loss=-0.05, kl_loss=0.0), {})
+    assert "Loss 1.250 (pg 0.5, baseline 0.8, entropy -0.05, kl 0)." in stats.progress_line()

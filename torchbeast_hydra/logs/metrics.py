@@ -265,9 +265,19 @@ class Stats:
     def returns_text(self) -> str:
         mean = self.mean_recent_return
         returns = f"{mean:.2f} over last {len(self.recent_returns)} episodes" if mean is not None else "n/a"
+        return f"Return {returns}.{self.loss_text()}"
+
+    def loss_text(self) -> str:
+        """' Loss 1.234 (pg 0.1, baseline 1.2, entropy -0.066).': the sum and its named terms."""
         loss = self.last.get("total_loss")
-        loss_text = f" Loss {loss:.3f}." if isinstance(loss, float) else ""
-        return f"Return {returns}.{loss_text}"
+        if not isinstance(loss, float):
+            return ""
+        terms = [
+            f"{key.removesuffix('_loss')} {value:.3g}"
+            for key, value in self.last.items()
+            if key.endswith("_loss") and key != "total_loss" and isinstance(value, float)
+        ]
+        return f" Loss {loss:.3f}" + (f" ({', '.join(terms)})." if terms else ".")
 
 
 def duration(seconds: float) -> str:

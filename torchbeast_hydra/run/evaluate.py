@@ -57,7 +57,7 @@ def evaluate(cfg, trained_dir: Path, out_dir: Path) -> dict:
     # Life losses as in training: FIRE after one where the game needs it, and `done` for the model.
     envs = Environments(env_cfg, 1, seed=cfg.seed, render_mode="rgb_array" if record else None)
     if record:
-        envs.envs[0] = _record_video(envs.envs[0], out_dir / "videos")
+        envs.envs[0] = _record_video(envs.envs[0], out_dir / "videos", cfg.test.num_episodes)
     model = make_model(model_cfg, envs.spec)
     model.load_state_dict(state["learner"]["model"])
     model.eval()
@@ -198,7 +198,8 @@ def _log_to_wandb(cfg, trained_dir: Path, out_dir: Path, result: dict, videos: l
     sink.close()
 
 
-def _record_video(env: gym.Env, folder: Path) -> gym.Env:
+def _record_video(env: gym.Env, folder: Path, num_episodes: int) -> gym.Env:
+    """A video per game played; not of the game the env starts (a reset) after the last one."""
     try:
         import moviepy  # noqa: F401  (RecordVideo needs it)
     except ImportError:
@@ -206,7 +207,11 @@ def _record_video(env: gym.Env, folder: Path) -> gym.Env:
             "test.record_video=true needs moviepy: pip install -e '.[video]' (or pip install moviepy)."
         ) from None
     return gym.wrappers.RecordVideo(
-        env, str(folder), episode_trigger=lambda episode: True, name_prefix="test", disable_logger=True
+        env,
+        str(folder),
+        episode_trigger=lambda episode: episode < num_episodes,
+        name_prefix="test",
+        disable_logger=True,
     )
 
 
