@@ -108,8 +108,9 @@ def test_test_mode_writes_into_its_own_run_dir(tiny_run, tmp_path):
 def test_test_mode_started_in_a_trained_run_dir_plays_it(tiny_run):
     run_cli(tiny_run, "experiment=cartpole", "mode=test", "test.num_episodes=1")
     with open(tiny_run / "eval.csv", newline="") as f:
-        (row,) = list(csv.DictReader(f))
-    assert int(row["episodes"]) == 1 and not (tiny_run / "trained_run").exists()
+        final, test = list(csv.DictReader(f))  # training's final evaluation, then the test's
+    assert final["final"] == "True" and test["final"] == ""
+    assert int(test["episodes"]) == 1 and not (tiny_run / "trained_run").exists()
 
 
 def test_test_mode_without_a_trained_run_says_to_set_load_dir(tmp_path):
@@ -132,3 +133,36 @@ def test_video_recording_is_quiet_without_a_display_or_session(tiny_run, tmp_pat
     assert len(videos) == 1 and videos[0].stat().st_size > 1000  # one game, one video (not the reset after it)
     assert "error" not in (result.stdout + result.stderr).lower()
     assert not (tiny_run / "videos").exists()
+
+
+def test_a_job_dir_of_a_sweep_is_a_load_dir_as_the_launcher_named_it():
+    from torchbeast_hydra.__main__ import quote_paths
+
+    assert (
+        quote_paths("load_dir=out/sweep/env.id=CartPole-v1,seed=1") == "load_dir='out/sweep/env.id=CartPole-v1,seed=1'"
+    )
+    assert quote_paths("load_dir=outputs/2026-11-25/10-00-00") == "load_dir=outputs/2026-11-25/10-00-00"
+    assert quote_paths("load_dir='a=b'") == "load_dir='a=b'"  # quoted already
+    assert quote_paths("seed=1") == "seed=1"
+
+
+@pytest.mark.slow
+def test_test_mode_takes_a_job_dir_or_a_whole_sweep(tmp_path):
+    from conftest import TINY, run_sweep
+
+    sweep = tmp_path / "sweep"
+    assert run_sweep(sweep, *TINY, "seed=1,2", "eval.final=false", timeout=400).returncode == 0
+    jobs = sorted(p.name for p in sweep.iterdir() if (p / "checkpoint.pt").exists())
+    assert jobs == ["seed=1", "seed=2"]
+    test = ["experiment=cartpole", "mode=test", "test.num_episodes=1"]
+    run_cli(tmp_path / "one", *test, f"load_dir={sweep}/seed=1")  # unquoted, as the launcher named it
+    assert (tmp_path / "one" / "trained_run").resolve() == (sweep / "seed=1").resolve()
+    run_cli(tmp_path / "all", *test, f"load_dir={sweep}")
+    for job in jobs:
+        (row,) = read_csv(tmp_path / "all" / job / "eval.csv")
+        assert row["trained_run"] == str((sweep / job).resolve()) and int(row["episodes"]) == 1
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))

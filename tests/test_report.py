@@ -195,3 +195,27 @@ def test_a_task_with_a_random_score_but_no_reference_is_left_out_and_says_why(tm
     assert "- random: 0.01 (measured by this project" in text
     assert_real_image(tmp_path / "out" / "curve_MiniGrid-DoorKey-8x8-v0.png")
     assert_real_image(tmp_path / "out" / "performance_profile.png")  # says why it is empty
+
+
+def test_test_mode_evaluations_of_a_sweep_are_read_with_the_runs_they_played(tmp_path):
+    """mode=test load_dir=SWEEP writes TEST/JOB/eval.csv with a link to each job: the report reads
+    those evaluations as the jobs' own, given the sweep, the test dir, or both."""
+    sweep = tmp_path / "multirun"
+    trained = {("pong", "ALE/Pong-v5", 1): 0, ("pong", "ALE/Pong-v5", 2): 1}
+    for (option, env_id, seed), job in trained.items():
+        write_job(sweep / str(job), option, env_id, seed)  # no evaluation during training
+    tested = tmp_path / "test"
+    for job, final in ((0, 14.6), (1, -3.05)):
+        (tested / str(job)).mkdir(parents=True)
+        (tested / str(job) / "trained_run").symlink_to(sweep / str(job))
+        figures = dict(episodes=10, mean_return=final, std_return=0.0, min_return=final, max_return=final)
+        row = dict(step=3000, **figures, mean_length=1.0, seconds=1.0, greedy=True, seed=1)
+        with open(tested / str(job) / "eval.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, list(row))
+            writer.writeheader()
+            writer.writerow(row)
+    for paths in ([tested], [sweep, tested]):
+        written = report.write_report(paths, tmp_path / "out", report.Options(metric="eval", reps=200))
+        tasks = pd.read_csv(written["tasks_csv"]).set_index("task")
+        assert tasks.loc["ALE/Pong-v5", "seeds"] == 2
+        assert tasks.loc["ALE/Pong-v5", "final"] == pytest.approx((14.6 - 3.05) / 2)

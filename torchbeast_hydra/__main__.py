@@ -130,9 +130,10 @@ def run(cfg: DictConfig) -> float:
     cfg = validate(cfg)  # the resolved copy: auto sizes filled in
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     if Mode(cfg.mode) is Mode.test:
-        from torchbeast_hydra.run.evaluate import evaluate
+        from torchbeast_hydra.run.evaluate import evaluate_all
 
-        return evaluate(cfg, trained_run_dir(cfg, run_dir), run_dir)["mean_return"]
+        results = evaluate_all(cfg, trained_run_dir(cfg, run_dir), run_dir)
+        return sum(result["mean_return"] for result in results) / len(results)
 
     spec = probe_env(cfg.env)  # an unknown env id fails here, before any process starts
     model = make_model(cfg.model, spec)  # and so does a model that does not fit the env
@@ -212,8 +213,21 @@ def failure_line(error: BaseException) -> tuple[str, bool]:
     return f"the run stopped on {type(error).__name__}: {first} (traceback above); {kept}.", True
 
 
+PATH_KEYS = ("load_dir=", "+load_dir=")
+
+
+def quote_paths(arg: str) -> str:
+    """load_dir=SWEEP/seed=1 as Hydra can read it: a sweep's job dirs are named by their overrides,
+    and an unquoted `=` or `,` in a value is Hydra syntax."""
+    key, sep, value = arg.partition("=")
+    if not arg.startswith(PATH_KEYS) or "=" not in value or value[:1] in ("'", '"') or "'" in value:
+        return arg
+    return f"{key}{sep}'{value}'"
+
+
 def cli() -> None:
     """The command line: checks what must be checked before Hydra composes the config, then runs."""
+    sys.argv[1:] = [quote_paths(arg) for arg in sys.argv[1:]]
     try:
         check_launcher_plugin(sys.argv[1:])
         check_overrides(sys.argv[1:], CONFIG_DIR)

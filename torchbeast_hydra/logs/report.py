@@ -88,16 +88,22 @@ class Baseline:
 def load_runs(paths: Sequence[str | Path], window: int = 100) -> list:
     """Every run at or under paths, named as runs.load_runs names them, with its task and setting."""
     paths = [Path(p) for p in paths]
-    found = {}
+    found, tested = {}, {}
     for path in paths:
         dirs = runs.find_runs(path)
-        if not dirs:
+        tested.update(runs.find_tested(path))  # mode=test's evaluations, of runs here or elsewhere
+        if not dirs and not tested:
             raise FileNotFoundError(f"no runs (no logs.csv) under {path}")
         found.update({d.resolve(): d for d in dirs})  # a run given twice counts once
+    found.update({trained: trained for trained in tested if trained not in found})
     base = paths[0].resolve() if len(paths) == 1 else Path(os.path.commonpath([p.resolve() for p in paths]))
     loaded = []
     for resolved in found:
-        name = str(resolved.relative_to(base)) if resolved != base else resolved.name
+        name = (
+            resolved.name
+            if resolved == base
+            else str(resolved.relative_to(base) if resolved.is_relative_to(base) else resolved)
+        )
         config = {**runs.read_overrides(resolved), **runs.read_config(resolved)}
         loaded.append(
             Run(
@@ -107,11 +113,19 @@ def load_runs(paths: Sequence[str | Path], window: int = 100) -> list:
                 seed=runs.read_seed(resolved),
                 config=config,
                 train=runs.load_run(resolved, name=name, window=window),
-                evals=runs.load_eval(resolved),
+                evals=_evaluations(resolved, tested.get(resolved, [])),
             )
         )
     assign_settings(loaded)
     return loaded
+
+
+def _evaluations(run_dir: Path, test_dirs: list) -> Optional[pd.DataFrame]:
+    """A run's evaluations: during training (its eval.csv) and by mode=test (theirs), by step."""
+    frames = [df for df in (runs.load_eval(d) for d in [run_dir, *test_dirs]) if df is not None]
+    if not frames:
+        return None
+    return pd.concat(frames, ignore_index=True).sort_values("step", kind="stable").reset_index(drop=True)
 
 
 def ignored(key: str) -> bool:

@@ -41,6 +41,20 @@ def find_runs(path: str | Path) -> list:
     return sorted(found, key=lambda p: _natural_key(str(p.relative_to(path))))
 
 
+# A test-mode run dir (mode=test) links to the run it played; its eval.csv measures that run.
+TRAINED_RUN_LINK = "trained_run"
+
+
+def find_tested(path: str | Path) -> dict:
+    """Test-mode results at or under path: {the trained run's dir (resolved): [test dirs]}."""
+    found = {}
+    for csv_path in sorted(Path(path).rglob("eval.csv")):
+        link = csv_path.parent / TRAINED_RUN_LINK
+        if link.exists() and (link.resolve() / "logs.csv").exists():
+            found.setdefault(link.resolve(), []).append(csv_path.parent)
+    return found
+
+
 def read_overrides(run_dir: str | Path) -> dict:
     """The run's command-line overrides ({key: value as typed}) from .hydra/overrides.yaml."""
     path = Path(run_dir) / ".hydra" / "overrides.yaml"

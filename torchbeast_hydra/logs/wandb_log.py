@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Iterable, Mapping, Optional
 from urllib.parse import urlparse
 
+from torchbeast_hydra.logs.sweep_record import fixed_override_keys, override_key
+
 log = logging.getLogger(__name__)
 
 RUN_ID_FILE = "wandb_run_id"
@@ -108,30 +110,13 @@ def hydra_labels() -> tuple[Optional[str], Optional[str], list]:
     if hydra_cfg.mode == RunMode.MULTIRUN:
         sweep_dir = Path(hydra_cfg.sweep.dir)
         group = sweep_name(sweep_dir)
-        swept = swept_keys(sweep_dir)
-        overrides = [o for o in overrides if _override_key(o) in swept] or overrides
+        fixed = fixed_override_keys(sweep_dir) or set()  # named as its job dir is (run.launch.job_subdir)
+        overrides = [o for o in overrides if override_key(o) not in fixed] or overrides
     else:
         group = choices.get("experiment") or None
     name = _clean(",".join(overrides), 128) or Path(hydra_cfg.runtime.output_dir).name
     tags = [_clean(str(choices[key]), 64) for key in ("env", "model", "backend") if choices.get(key)]
     return group, name, tags
-
-
-def swept_keys(sweep_dir: Path) -> set:
-    """The keys a sweep varies, from the `multirun.yaml` Hydra writes in the sweep dir."""
-    try:
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-        from omegaconf import OmegaConf
-
-        task = OmegaConf.load(sweep_dir / "multirun.yaml").hydra.overrides.task
-        parsed = OverridesParser.create().parse_overrides(list(task))
-        return {o.get_key_element() for o in parsed if o.is_sweep_override()}
-    except Exception:  # no such file, or one this Hydra cannot read: name jobs by all overrides
-        return set()
-
-
-def _override_key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 def sweep_name(sweep_dir: Path) -> str:

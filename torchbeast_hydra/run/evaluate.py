@@ -24,6 +24,7 @@ from torchbeast_hydra.env.settings import AtariEnvConfig, EnvConfig, atari_setti
 from torchbeast_hydra.env.vector import Environments
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.logs.metrics import CsvLog
+from torchbeast_hydra.logs.runs import TRAINED_RUN_LINK
 from torchbeast_hydra.logs.wandb_log import RUN_ID_FILE, WandbLog
 from torchbeast_hydra.run import checkpoint
 
@@ -31,9 +32,6 @@ log = logging.getLogger(__name__)
 
 # What an evaluation measured; the rest of its eval.csv row says how (the protocol).
 EVAL_FIGURES = ("episodes", "mean_return", "std_return", "min_return", "max_return", "mean_length", "seconds")
-
-
-TRAINED_RUN_LINK = "trained_run"
 
 
 def evaluate(cfg, trained_dir: Path, out_dir: Path) -> dict:
@@ -86,6 +84,29 @@ def evaluate(cfg, trained_dir: Path, out_dir: Path) -> dict:
         f"at step {state['step']}."
     )
     return result
+
+
+def trained_runs(trained_dir: Path) -> list[Path]:
+    """The runs to evaluate: trained_dir, or each job of a sweep dir that has a checkpoint."""
+    if checkpoint.path_in(trained_dir).exists():
+        return [trained_dir]
+    jobs = sorted(p.parent for p in Path(trained_dir).glob(f"*/{checkpoint.FILENAME}"))
+    if not jobs:
+        raise ConfigError(f"load_dir={trained_dir}: no {checkpoint.FILENAME} there, nor in a job dir of a sweep there.")
+    return jobs
+
+
+def evaluate_all(cfg, trained_dir: Path, out_dir: Path) -> list[dict]:
+    """Evaluates a run, or every job of a sweep (each into out_dir/JOB, named as the sweep named it)."""
+    runs = trained_runs(trained_dir)
+    if runs == [trained_dir]:
+        return [evaluate(cfg, trained_dir, out_dir)]
+    log.info("Evaluating the %d jobs of the sweep %s.", len(runs), trained_dir)
+    results = []
+    for job in runs:
+        (out_dir / job.name).mkdir(parents=True, exist_ok=True)
+        results.append(evaluate(cfg, job, out_dir / job.name))
+    return results
 
 
 def eval_env_config(cfg, state: dict) -> EnvConfig:

@@ -36,10 +36,11 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from torchbeast_hydra.logs.sweep_record import SWEEP_OVERRIDES_FILE, fixed_override_keys, override_key
+
 log = logging.getLogger("torchbeast_hydra")
 
 SUBDIR_RESOLVER = "tbh_job_subdir"
-SWEEP_OVERRIDES_FILE = ".sweep_overrides.yaml"
 MAX_SUBDIR_CHARS = 200
 
 # Launcher presets (hydra/launcher=NAME) that need hydra-submitit-launcher.
@@ -56,30 +57,22 @@ def job_subdir(overrides, sweep_dir, job_num) -> str:
     override names the dir.
     """
     overrides = [str(o) for o in overrides]
-    fixed = fixed_overrides(sweep_dir)
-    swept = [o for o in overrides if o not in fixed]
+    fixed = fixed_override_keys(sweep_dir) or set()
+    # By key: a job's override is the launcher's rendering of the value (eval.final=False), not as typed.
+    swept = [o for o in overrides if override_key(o) not in fixed]
     return safe_dir_name(",".join(sorted(swept or overrides)), job_num)
 
 
 def safe_dir_name(name: str, job_num) -> str:
     """`name` as a dir name: '/' (as in env.id=ALE/Pong-v5) becomes '_'; a name too long for a file
     system is cut and suffixed with a hash of the whole name; an empty one gives `job<num>`."""
-    name = name.replace(os.sep, "_").replace("\0", "")
+    name = name.replace(os.sep, "_").replace("\0", "").replace("'", "").replace('"', "")  # quotes: typed, not named
     if not name or name in (".", ".."):
         return f"job{job_num}"
     if len(name) > MAX_SUBDIR_CHARS:
         digest = hashlib.sha1(name.encode()).hexdigest()[:10]
         name = f"{name[: MAX_SUBDIR_CHARS - 11]}-{digest}"
     return name
-
-
-def fixed_overrides(sweep_dir) -> set:
-    """The sweep's command-line overrides that have one value (every job has them as typed)."""
-    try:
-        typed = OmegaConf.load(Path(sweep_dir) / SWEEP_OVERRIDES_FILE)
-    except (OSError, ValueError):  # not recorded (a sweep started another way): name by every override
-        return set()
-    return {str(o) for o in typed.fixed}
 
 
 class RecordSweepOverrides(Callback):
