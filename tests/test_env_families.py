@@ -3,11 +3,11 @@ briefly on both backends with its defaults (the extras `.[nethack]`, `.[minihack
 
 import pytest
 
-from torchbeast_hydra.env.make import import_modules
+from torchbeast_hydra.env.make import _unknown_env_error, import_modules
 from torchbeast_hydra.env.spaces import probe_env
 from torchbeast_hydra.errors import ConfigError
 
-from conftest import SMALL, compose_config, rows, run_cli
+from conftest import REPO, SMALL, compose_config, rows, run_cli
 
 FAMILIES = {  # env option -> (the model it brings, its default id, the observation's leaves)
     "nethack": ("NetHackBody", "NetHackScore-v0", ("obs/blstats", "obs/glyphs")),
@@ -49,3 +49,21 @@ def test_each_family_trains_briefly_on_both_backends(tmp_path, family, backend):
     model = ["model.output_size=64", "model.conv_channels=[4,4]"] if FAMILIES[family][0] == "NetHackBody" else []
     run_cli(run_dir, f"env={family}", f"backend={backend}", *model, *BRIEF)
     assert int(rows(run_dir)[-1]["step"]) >= 1280
+
+
+def test_the_family_table_is_what_the_options_the_extras_and_the_hints_use():
+    """One table (env/families.py): each family's env option brings the table's model and default id,
+    its extra exists under the option's name, and an id of the family typed without it names it."""
+    import tomllib
+
+    from torchbeast_hydra.env import families
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for family in families.FAMILIES:
+        cfg = compose_config([f"env={family.option}"])
+        assert cfg.env.id == family.default_id and cfg.env.imports == [family.module]
+        model = compose_config([f"model={family.model}"]).model._target_
+        assert cfg.model._target_ == model, f"env={family.option} should bring model={family.model}"
+        assert family.option in extras
+        # typed on the default env=pong (whether or not another test registered the family's ids here)
+        assert f"env={family.option}" in str(_unknown_env_error(family.default_id, KeyError("not registered")))
