@@ -105,3 +105,19 @@ def test_a_checkpoint_saved_before_the_move_loads_and_acts():
     returns, lengths = play(model.eval(), envs, num_episodes=2, max_episode_steps=500, action="greedy")
     envs.close()
     assert len(returns) == 2 and all(length >= 8 for length in lengths)
+
+
+def test_a_trained_policy_loads_from_a_run_dir_and_acts(tmp_path):
+    from torchbeast_hydra.run.policy import load_policy
+
+    (tmp_path / "checkpoint.pt").write_bytes(BEFORE_THE_MOVE.read_bytes())
+    policy = load_policy(tmp_path)
+    assert policy.step == 1280 and policy.env_cfg.id == "CartPole-v1"
+    returns = policy.play(episodes=2, seed=5)
+    assert len(returns) == 2 and all(r >= 8 for r in returns)
+    envs = policy.make_envs(num_envs=3, seed=0)
+    out, state = envs.initial(), policy.initial_state(3)
+    actions, state = policy.act(out, state)
+    assert actions.shape == (3,) and set(actions.tolist()) <= {0, 1}
+    envs.step(actions)
+    envs.close()
