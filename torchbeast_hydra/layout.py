@@ -54,6 +54,10 @@ LAYOUT = {
     "mask": Field((), "bool", BACKEND),
 }
 
+# The largest float magnitude the model computes with in float32 (accel.float_limit: lower under bf16
+# autocast): a finite float64 observation beyond it becomes inf in the model, then NaN.
+FLOAT32_LIMIT = float(np.finfo(np.float32).max)
+
 ENV_KEYS = tuple(key for key, f in LAYOUT.items() if f.writer == ENV)
 AGENT_KEYS = tuple(key for key, f in LAYOUT.items() if f.writer == AGENT)
 
@@ -73,6 +77,14 @@ def numpy_specs(spec, writer: str | None = None) -> dict:
             shape = tuple(spec.actions.num_params if d == PARAMS else d for d in f.shape)
         out[key] = (shape, np.dtype(spec.actions.dtype) if f.dtype == ACTION else np.dtype(f.dtype))
     return out
+
+
+def within_limit(array: np.ndarray, limit: float) -> np.ndarray:
+    """Elementwise, for a float array: finite and at most limit in magnitude (NaN and inf are not).
+    One pass: isfinite alone where the dtype holds nothing beyond the limit (float32 under float32)."""
+    if np.finfo(array.dtype).max <= limit:
+        return np.isfinite(array)
+    return np.abs(array) <= limit
 
 
 def env_keys(spec) -> tuple:
