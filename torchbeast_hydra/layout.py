@@ -79,9 +79,18 @@ def numpy_specs(spec, writer: str | None = None) -> dict:
     return out
 
 
+def fits_limit(array: np.ndarray, limit: float) -> bool:
+    """Whether every value of a float array is finite and at most limit in magnitude: the check of
+    every step, so one pass and no temporaries (NaN fails the comparisons, as inf does)."""
+    if np.finfo(array.dtype).max <= limit:  # float32 under float32: nothing finite exceeds it
+        return bool(np.isfinite(array).all())
+    if array.dtype.kind == "c" or not array.size:
+        return bool(within_limit(array, limit).all())
+    return bool(-limit <= array.min() and array.max() <= limit)
+
+
 def within_limit(array: np.ndarray, limit: float) -> np.ndarray:
-    """Elementwise, for a float array: finite and at most limit in magnitude (NaN and inf are not).
-    One pass: isfinite alone where the dtype holds nothing beyond the limit (float32 under float32)."""
+    """Elementwise fits_limit, for where a check failed: which values (and so which envs)."""
     if np.finfo(array.dtype).max <= limit:
         return np.isfinite(array)
     return np.abs(array) <= limit

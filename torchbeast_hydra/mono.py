@@ -33,7 +33,7 @@ from .actions import ActionError, bad_rows
 from .config import num_buffers
 from .distributions import NonFiniteAction
 from .envs import Environments, EnvSpec
-from .layout import AGENT_KEYS, env_keys, within_limit, zero_rollouts
+from .layout import AGENT_KEYS, env_keys, fits_limit, within_limit, zero_rollouts
 from .metrics import measured
 from .models import make_model
 from .seeding import actor_seed
@@ -65,9 +65,9 @@ class ObservationGuard:
         """outputs: the envs' arrays [num_envs, ...] (Environments'), clipped in place if asked."""
         for key in self.keys:
             array = outputs[key]
-            inside = within_limit(array, self.limit)
-            if inside.all():
+            if fits_limit(array, self.limit):
                 continue
+            inside = within_limit(array, self.limit)
             if self.clip:
                 numbers = ~np.isnan(array)
                 if numbers.all():

@@ -17,7 +17,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from ..actions import ActionError, ActionSpec, bad_rows, check
-from ..layout import ENV_KEYS, FLOAT32_LIMIT, within_limit
+from ..layout import ENV_KEYS, FLOAT32_LIMIT, fits_limit, within_limit
 
 FRAME = "frame"  # envs.FRAME (not imported: this module must not pull in gymnasium's env registry)
 
@@ -254,14 +254,13 @@ def check_leaf(leaf, array: np.ndarray, float_limit: float = FLOAT32_LIMIT) -> n
     if leaf.kind == "Box" and array.dtype.kind in "fc":
         # Not within the space's bounds (envs' float observations often stray past their declared ones),
         # but finite in what the model computes with: a float64 1e300 would be inf there, then NaN.
-        inside = within_limit(array, float_limit)
-        if not inside.all():
+        if not fits_limit(array, float_limit):
             finite = np.isfinite(array)
             if not finite.all():
                 raise WireError(f"{leaf.key} has non-finite values (NaN/inf) for envs {bad_rows(finite)}")
             raise WireError(
                 f"{leaf.key} has values beyond +-{float_limit:.4g}, the largest the model computes with, "
-                f"for envs {bad_rows(inside)}"
+                f"for envs {bad_rows(within_limit(array, float_limit))}"
             )
     elif leaf.kind == "MultiBinary":
         binary = (array == 0) | (array == 1)
