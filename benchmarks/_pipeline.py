@@ -22,8 +22,9 @@ from _common import cli_command, cpu_seconds, mean_of, process_tree, steady_rate
 
 from torchbeast_hydra.logs.metrics import read_rows
 
-# shape, dtype and number of actions of the frames the zero-cost env sends
-OBS = dict(pong=((4, 84, 84), "uint8", 6), cartpole=((4,), "float32", 2))
+# shape, dtype and number of actions of the frames the zero-cost env sends; float64: a MuJoCo-sized
+# vector (Humanoid-v5's 348) in float64, which the server checks against float32's range
+OBS = dict(pong=((4, 84, 84), "uint8", 6), cartpole=((4,), "float32", 2), float64=((348,), "float64", 6))
 
 
 class FixedFrames:

@@ -1,4 +1,4 @@
-"""Memory: torchbeast_hydra.memory's estimate beside the measured peak, for a few configs.
+"""Memory: torchbeast_hydra.backends.memory's estimate beside the measured peak, for a few configs.
 
     python benchmarks/memory.py                     # the calibration set below
     python benchmarks/memory.py env=pong batch_size=128      # one config of your own
@@ -55,11 +55,11 @@ def estimate(overrides: list):
 UPDATE = """
 import resource, sys, torch
 from hydra import compose, initialize_config_dir
-from torchbeast_hydra import memory
 from torchbeast_hydra.__main__ import CONFIG_DIR
-from torchbeast_hydra.envs import probe_env
-from torchbeast_hydra.layout import zero_rollouts
-from torchbeast_hydra.learner import Learner
+from torchbeast_hydra.backends import memory
+from torchbeast_hydra.env.layout import zero_rollouts
+from torchbeast_hydra.env.spaces import probe_env
+from torchbeast_hydra.learning.learner import Learner
 from torchbeast_hydra.agent.models import make_model
 with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
     cfg = compose("config", sys.argv[1:])

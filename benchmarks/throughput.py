@@ -9,6 +9,7 @@
     python benchmarks/throughput.py pipeline              # poly's own ceiling: zero-cost env, trivial policy
     python benchmarks/throughput.py pipeline --clients 2 --envs 64 128 256
     python benchmarks/throughput.py pipeline --learner cli --obs cartpole experiment=cartpole
+    python benchmarks/throughput.py pipeline --obs float64 --clients 1   # the server's float range check
 
 train (the default mode): trains for --warmup + --seconds (once with the config's backend, or once
 per backend in --backends) and prints the steady-state steps/s after the warm-up, steps/s per

@@ -53,7 +53,7 @@ def test_bounded_box_actions_are_accepted_and_clipped_at_the_env():
     envs = Environments(EnvConfig(id="Pendulum-v1"), 2, seed=0)
     envs.initial()
     out = envs.step(np.array([[100.0], [-0.5]], np.float32))
-    assert out["last_action"].tolist() == [[100.0], [-0.5]]  # what the policy sampled, unclipped
+    assert out["last_action"].tolist() == [[2.0], [-0.5]]  # what the env took (the rollout's action is the sample)
     assert envs.envs[0].unwrapped.last_u == 2.0  # what the env was given: clipped to its bound
     with pytest.raises(ValueError, match=r"not finite .* envs \[1\]"):
         envs.step(np.array([[0.0], [np.nan]], np.float32))

@@ -76,16 +76,17 @@ def test_a_strided_hidden_state_passes_the_cudnn_rule(cudnn_rnn_rule):
 
 
 def test_poly_inference_hands_back_state_the_next_call_accepts(cudnn_rnn_rule):
-    from torchbeast_hydra.backends.poly.backend import PolyBeast
+    from torchbeast_hydra.backends.poly.backend import CentralInference, PolyBeast
 
-    backend = PolyBeast.__new__(PolyBeast)  # only what _infer needs
-    backend.policy, backend.weights_lock, backend.inference_stream = lstm_model(), threading.Lock(), None
+    backend = PolyBeast.__new__(PolyBeast)  # only what _initial_state needs
+    backend.policy = lstm_model()
     backend.policy.eval()
+    infer = CentralInference(backend.policy, threading.Lock(), publisher=None, device=torch.device("cpu"))
     state = backend._initial_state(3)
     for _ in range(3):
         inputs = {key: value[0] for key, value in model_inputs(1, 3).items()}
         inputs.update({f"core_state_{i}": s for i, s in enumerate(state)})
-        outputs = backend._infer(inputs)
+        outputs = infer(inputs)
         state = tuple(outputs[f"core_state_{i}"] for i in range(2))
     assert state[0].shape == (3, 2, backend.policy.lstm.hidden_size)
 

@@ -11,7 +11,7 @@ import yaml
 
 from torchbeast_hydra.run import checkpoint
 
-from conftest import TINY, actor_pids, rows, run_cli, start_cli, steps, wait_for
+from conftest import REPO, TINY, actor_pids, cli_env, rows, run_cli, start_cli, steps, wait_for
 
 pytestmark = pytest.mark.slow  # end-to-end runs; `make test-fast` leaves them out
 
@@ -103,6 +103,30 @@ def test_model_that_does_not_fit_the_env_fails_clearly(tmp_path):
     result = run_cli(tmp_path / "run", "env=cartpole", "model=atari_net", check=False)
     assert result.returncode == 2
     assert "Use model=mlp" in result.stdout + result.stderr
+
+
+# tests/overflow_envs.py: float64 observations with a 1e300 at every episode's 5th step.
+OVERFLOWING = [*TINY, "env.id=Overflowing-v0", "env.imports=[overflow_envs]", "model.normalize_obs=true"]
+WITH_TEST_ENVS = cli_env(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
+
+
+def test_an_observation_beyond_the_models_range_stops_the_run_naming_env_leaf_and_value(tmp_path):
+    result = run_cli(tmp_path / "run", *OVERFLOWING, env=WITH_TEST_ENVS, check=False)
+    assert result.returncode == 1
+    error = [line for line in (result.stdout + result.stderr).splitlines() if "error: " in line][-1]
+    assert "the run stopped on BadObservation: actor " in error
+    assert "(Overflowing-v0) returned an observation the model cannot take: frame holds 1e+300, beyond +-3.403e+38" in (
+        error
+    )
+    assert "learning_rate" not in error
+
+
+def test_clipping_observations_to_the_models_range_trains_on_and_counts_the_clips(tmp_path):
+    run_dir = tmp_path / "run"
+    run_cli(run_dir, *OVERFLOWING, "backend.clip_obs_to_model_range=true", env=WITH_TEST_ENVS)
+    logged = rows(run_dir)
+    assert steps(run_dir)[-1] >= 2560 and all(float(row["total_loss"]) == float(row["total_loss"]) for row in logged)
+    assert sum(int(row["clipped_obs"]) for row in logged) > 0
 
 
 def test_lstm_run(tmp_path):

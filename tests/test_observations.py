@@ -15,6 +15,7 @@ from torchbeast_hydra.agent.encoders import MultiBody, NetHackBody
 from torchbeast_hydra.agent.models import make_model
 from torchbeast_hydra.agent.settings import MultiConfig, NetHackConfig
 from torchbeast_hydra.backends import memory
+from torchbeast_hydra.backends.mono.actors import BadObservation, ObservationGuard
 from torchbeast_hydra.backends.poly import wire
 from torchbeast_hydra.env import layout
 from torchbeast_hydra.env.settings import EnvConfig
@@ -157,6 +158,46 @@ def test_nethack_model_needs_glyphs_and_blstats():
     spec = EnvSpec(observation_leaves(gym.spaces.Dict({"glyphs": NETHACK_SPACES["obs/glyphs"]})), 8)
     with pytest.raises(ConfigError, match="needs the leaves obs/glyphs and obs/blstats"):
         make_model(NetHackConfig(), spec)
+
+
+# A float64 leaf beside an integer one, as a MuJoCo task's observation might come with a mode id.
+CONTROL = EnvSpec(
+    observation_leaves(
+        gym.spaces.Dict({"mode": gym.spaces.Discrete(3), "qpos": gym.spaces.Box(-np.inf, np.inf, (4,), np.float64)})
+    ),
+    2,
+)
+
+
+def test_a_mono_actor_stops_on_an_observation_the_model_cannot_take_naming_env_leaf_and_value():
+    guard = ObservationGuard(CONTROL, "InvertedPendulum-v5", layout.FLOAT32_LIMIT, clip=False)
+    outputs = layout.env_outputs(CONTROL, 3)
+    outputs["obs/qpos"][1] = [1e30, -1e38, 0, 3.4e38]  # within float32's range: taken
+    guard(outputs)
+    outputs["obs/qpos"][2, 1] = 1e300  # finite in float64, inf in the model
+    with pytest.raises(
+        BadObservation,
+        match=r"env 2 \(InvertedPendulum-v5\) returned an observation the model cannot take: obs/qpos holds "
+        r"1e\+300, beyond \+-3\.403e\+38, the largest the model computes with.* backend\.clip_obs_to_model_range=true",
+    ):
+        guard(outputs)
+    outputs["obs/qpos"][2, 1] = np.nan
+    with pytest.raises(BadObservation, match=r"obs/qpos holds nan\. Fix the env") as refused:
+        guard(outputs)
+    assert "learning_rate" not in str(refused.value)
+
+
+def test_clip_obs_to_model_range_clips_and_counts_but_nan_still_stops():
+    limit = layout.FLOAT32_LIMIT
+    guard = ObservationGuard(CONTROL, "InvertedPendulum-v5", limit, clip=True)
+    outputs = layout.env_outputs(CONTROL, 3)
+    outputs["obs/qpos"][0, 0], outputs["obs/qpos"][0, 1], outputs["obs/qpos"][2, 3] = 1e300, -np.inf, 0.5
+    guard(outputs)
+    assert outputs["obs/qpos"].tolist() == [[limit, -limit, 0, 0], [0] * 4, [0, 0, 0, 0.5]]
+    assert guard.take_clipped() == 1 and guard.take_clipped() == 0  # one env's observation, counted once
+    outputs["obs/qpos"][1, 2] = np.nan  # no nearest value to clip to
+    with pytest.raises(BadObservation, match="obs/qpos holds nan"):
+        guard(outputs)
 
 
 def test_memory_counts_every_leaf():

@@ -1,7 +1,7 @@
 """The poly server and client with other action spaces: a Box space's actions travel as float arrays,
-a client's hello must name the learner's space, its last_action leaves are checked against it, a
-policy's NaN action stops the run instead of reaching an env, and a client refuses actions that do
-not fit its env."""
+a client's hello must name the learner's space, its last_action leaves are checked against it (a
+Box one against the bounds too), a policy's NaN action stops the run instead of reaching an env, and
+a client refuses actions that do not fit its env."""
 
 import grpc
 import gymnasium as gym
@@ -72,7 +72,7 @@ def test_box_actions_travel_as_float_arrays_unclipped(served):
     policy.mean = 5.0  # beyond the bound: the client clips, the wire carries the sample
     client = RawClient(port)
     assert client.send(hello()) == "welcome"
-    client.outgoing.put(step(last_action=3.0))  # an unclipped last action is a fine last_action
+    client.outgoing.put(step(last_action=1.0))  # the action the env took: clipped to the bound
     message = next(client.responses)
     actions = wire.decode_actions(message.actions, 2, BOX)
     client.close()
@@ -98,6 +98,22 @@ def test_non_finite_last_actions_are_refused(served):
     client.close()
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "last_action are not finite (NaN/inf) for envs [0, 1]" in error.details()
+
+
+def test_box_last_actions_outside_the_bounds_are_refused_and_a_good_client_goes_on(served):
+    pool, port, _, fatal = served
+    good = RawClient(port)
+    assert good.send(hello()) == "welcome" and good.send(step()) == "actions"
+    bad = RawClient(port)
+    assert bad.send(hello()) == "welcome"
+    bad.outgoing.put(step(last_action=np.array([[0.5, -1.0], [3e38, 0.0]])))  # finite, far past [-1, 1]
+    error = bad.error()
+    bad.close()
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "last_action outside the action space Box([2], [-1, 1]) for envs [1]" in error.details()
+    assert good.send(step(last_action=-1.0)) == "actions"
+    good.close()
+    assert pool.rejected == 1 and not fatal
 
 
 def test_a_policy_that_produces_nan_actions_stops_the_run_before_any_env_sees_them(served):

@@ -4,6 +4,7 @@ import math
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -17,6 +18,7 @@ from torchbeast_hydra.backends.poly.rollouts import RolloutBuilder, RolloutQueue
 from torchbeast_hydra.env.actions import ActionSpec
 from torchbeast_hydra.env.layout import rollout_specs
 from torchbeast_hydra.env.spaces import EnvSpec, Leaf
+from torchbeast_hydra.learning import accel
 from torchbeast_hydra.learning.learner import compute_losses
 from torchbeast_hydra.learning.settings import VtraceConfig
 
@@ -95,6 +97,21 @@ def test_a_leaf_of_a_subclassed_space_is_checked_as_its_base_space():
     wire.check_leaf(leaf, np.array([0, 2]))
     with pytest.raises(wire.WireError, match=r"obs/cell is outside Discrete\(3\) for envs \[1\]"):
         wire.check_leaf(leaf, np.array([0, 3]))
+
+
+def test_a_float_leafs_limit_is_the_range_of_the_dtype_the_model_computes_in():
+    frame = EnvSpec.box((2,), np.float32, 2).leaves[0]
+    bf16 = accel.float_limit(SimpleNamespace(bf16_autocast=True))
+    assert bf16 == torch.finfo(torch.bfloat16).max < accel.float_limit(SimpleNamespace(bf16_autocast=False))
+    near_max = np.array([[0, 0], [3.395e38, 0]], np.float32)  # finite in float32, inf in bf16
+    wire.check_leaf(frame, near_max)  # float32: taken
+    with pytest.raises(wire.WireError, match=r"frame has values beyond \+-3\.39e\+38, .* for envs \[1\]"):
+        wire.check_leaf(frame, near_max, bf16)
+    wide = EnvSpec.box((2,), np.float64, 2).leaves[0]
+    with pytest.raises(wire.WireError, match=r"frame has values beyond \+-3\.403e\+38, .* for envs \[0\]"):
+        wire.check_leaf(wide, np.array([[-1e300, 0], [0, 0]]))
+    with pytest.raises(wire.WireError, match=r"frame has non-finite values \(NaN/inf\) for envs \[1\]"):
+        wire.check_leaf(wide, np.array([[1e300, 0], [np.inf, 0]]))
 
 
 def env_outputs(n=2, last_action=0, reward=0.0):

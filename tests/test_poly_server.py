@@ -1,5 +1,6 @@
 """The ActorPool server in-process, with raw client streams: it stays hard against clients that
-send non-finite frames or observation leaves that do not fit the env's spaces, go silent, or come
+send non-finite frames, floats beyond the model's range or observation leaves that do not fit the
+env's spaces, whose steps make central inference's outputs non-finite, that go silent, or that come
 when it is full."""
 
 import itertools
@@ -14,10 +15,13 @@ import numpy as np
 import pytest
 import torch
 
+from torchbeast_hydra.agent.models import ActorCritic, MLPBody
 from torchbeast_hydra.backends.poly import wire
+from torchbeast_hydra.backends.poly.backend import BrokenModel, CentralInference
 from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
 from torchbeast_hydra.backends.poly.server import MAX_DETAILS, ActorPool, ServerSettings, make_server
 from torchbeast_hydra.env import layout
+from torchbeast_hydra.env.actions import action_spec
 from torchbeast_hydra.env.spaces import EnvSpec, observation_leaves
 
 TOKEN = "server-token"
@@ -39,8 +43,8 @@ def served():
     yield from serve(SPEC)
 
 
-def serve(spec: EnvSpec):
-    inference = DynamicBatcher(trivial_policy, max_batch_size=64, timeout_s=0.001)
+def serve(spec: EnvSpec, infer=trivial_policy, on_error=None):
+    inference = DynamicBatcher(infer, max_batch_size=64, timeout_s=0.001, on_error=on_error)
     emitted = []
     settings = ServerSettings(
         env_id="Test-v0",
@@ -72,8 +76,8 @@ def hello(num_envs=2, spec=SPEC):
     return wire.encode_hello(spec, "Test-v0", num_envs)
 
 
-def step(num_envs=2, frame=0.0):
-    outputs = layout.env_outputs(SPEC, num_envs)
+def step(num_envs=2, frame=0.0, spec=SPEC):
+    outputs = layout.env_outputs(spec, num_envs)
     outputs["frame"][:] = frame
     outputs["done"][:] = False
     return wire.encode_step(outputs)
@@ -318,3 +322,145 @@ def test_a_refusal_quoting_the_client_is_one_line_of_bounded_length(served, capl
     details = error.details()
     assert details.startswith("the client's env Fake-v0\\nERROR") and "\n" not in details
     assert len(details) <= MAX_DETAILS and details.endswith("...") and pool.rejected == 1
+
+
+# -- what the model cannot compute with: a client's extreme floats, NaN out of central inference --
+
+# InvertedPendulum-v5's spaces: float64 observations, Box actions in [-3, 3].
+PENDULUM = EnvSpec.box((4,), np.float64, action_spec(gym.spaces.Box(-3.0, 3.0, (1,), np.float32), "Pendulum"))
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # the model computes in float32
+
+
+def mlp_policy(normalize_obs=False) -> ActorCritic:
+    torch.manual_seed(0)
+    return ActorCritic(MLPBody(PENDULUM.obs_shape, (16,), normalize_obs), PENDULUM.actions, use_lstm=False).eval()
+
+
+def serve_model(policy: ActorCritic):
+    """(pool, port, emitted rollouts, errors that stop the run) for a pool whose central inference runs policy."""
+    fatal = []
+    central = CentralInference(policy, threading.Lock(), publisher=None, device=torch.device("cpu"))
+    for pool, port, emitted in serve(PENDULUM, central, fatal.append):
+        yield pool, port, emitted, fatal
+
+
+@pytest.fixture
+def pendulum():
+    policy = mlp_policy()
+    for served in serve_model(policy):
+        yield (*served, policy)
+
+
+def pendulum_step(frame=1.0) -> bytes:
+    return step(frame=frame, spec=PENDULUM)
+
+
+def connected(port) -> RawClient:
+    client = RawClient(port)
+    assert client.send(hello(spec=PENDULUM)) == "welcome"
+    return client
+
+
+def refusal(client: RawClient) -> grpc.RpcError:
+    error = client.error()
+    client.close()
+    return error
+
+
+def settle(pool) -> None:
+    """Waits for every stream's end (their unfinished unrolls handed on or discarded)."""
+    deadline = time.monotonic() + 10
+    while pool.connected and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def frames_learned_from(emitted) -> set:
+    return {value for rollouts in emitted for value in rollouts["frame"][rollouts["mask"]].flatten().tolist()}
+
+
+def test_a_float64_leaf_beyond_float32s_range_is_refused_and_a_good_client_trains_on(pendulum):
+    pool, port, emitted, fatal, _ = pendulum
+    good = connected(port)
+    assert good.send(pendulum_step()) == "actions"
+    bad = connected(port)
+    assert bad.send(pendulum_step(5.0)) == "actions"
+    bad.outgoing.put(pendulum_step(np.array([[0, 0, 0, 0], [0, 1e300, 0, 0]])))  # finite in float64
+    error = refusal(bad)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"frame has values beyond +-{FLOAT32_MAX:.4g}, the largest the model computes with, for envs [1]" in (
+        error.details()
+    )
+    for _ in range(6):  # past an unroll
+        assert good.send(pendulum_step()) == "actions"
+    good.close()
+    settle(pool)
+    assert pool.rejected == 1 and not fatal
+    assert frames_learned_from(emitted) == {1.0}, "the refused client's steps never reach the learner"
+
+
+def test_nan_from_inference_for_one_clients_envs_drops_that_client_and_the_others_train_on(pendulum):
+    pool, port, emitted, fatal, policy = pendulum
+    with torch.no_grad():  # a first layer that adds up its inputs
+        policy.body.layers[1].weight.fill_(0.5)
+    good, bad = connected(port), connected(port)
+    for _ in range(5):  # the bad client's next step ends its envs' unrolls
+        assert bad.send(pendulum_step(5.0)) == "actions" and good.send(pendulum_step()) == "actions"
+    # The largest float32: the wire takes it, the first layer's sum overflows and NaN follows.
+    bad.outgoing.put(pendulum_step(np.array([[FLOAT32_MAX] * 4, [0] * 4])))
+    error = refusal(bad)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "central inference gave non-finite outputs (NaN/inf) for envs [0] of this client" in error.details()
+    for _ in range(6):
+        assert good.send(pendulum_step()) == "actions"
+    good.close()
+    settle(pool)
+    assert pool.rejected == 1 and not fatal, "the model is sound: the run goes on"
+    assert frames_learned_from(emitted) == {1.0}, "none of the dropped client's unrolls reach the learner"
+
+
+def test_a_model_with_non_finite_weights_stops_the_run_naming_them(pendulum):
+    _, port, _, fatal, policy = pendulum
+    client = connected(port)
+    assert client.send(pendulum_step()) == "actions"
+    with torch.no_grad():
+        policy.baseline.bias.fill_(float("nan"))
+    client.outgoing.put(pendulum_step())
+    assert refusal(client).code() == grpc.StatusCode.UNAVAILABLE  # the learner stops
+    assert len(fatal) == 1 and isinstance(fatal[0], BrokenModel)
+    assert "the model's weights are not finite (baseline.bias); no client caused it" in str(fatal[0])
+
+
+def test_a_model_whose_outputs_overflow_for_every_env_stops_the_run(pendulum):
+    _, port, _, fatal, policy = pendulum
+    client = connected(port)
+    assert client.send(pendulum_step()) == "actions"
+    with torch.no_grad():  # finite weights, but a baseline beyond float32 for any features
+        policy.baseline.weight.fill_(FLOAT32_MAX)
+        policy.baseline.bias.fill_(FLOAT32_MAX)
+    client.outgoing.put(pendulum_step())
+    assert refusal(client).code() == grpc.StatusCode.UNAVAILABLE
+    assert len(fatal) == 1 and isinstance(fatal[0], BrokenModel)
+    assert "outputs are not finite for any of a batch's 2 envs, nor now for the last batch it answered" in str(fatal[0])
+
+
+def test_observation_statistics_learn_from_validated_steps_only():
+    served = serve_model(mlp_policy(normalize_obs=True))
+    pool, port, emitted, fatal = next(served)
+    good = connected(port)
+    for bad_value in (1e300, np.nan):  # after steps the wire took
+        bad = connected(port)
+        for _ in range(4):
+            assert good.send(pendulum_step()) == "actions" and bad.send(pendulum_step(5.0)) == "actions"
+        bad.outgoing.put(pendulum_step(bad_value))
+        assert refusal(bad).code() == grpc.StatusCode.INVALID_ARGUMENT
+    for _ in range(6):
+        assert good.send(pendulum_step()) == "actions"
+    good.close()
+    settle(pool)
+    next(served, None)  # stops the server
+    assert pool.rejected == 2 and not fatal
+    learner = mlp_policy(normalize_obs=True).train()
+    for rollouts in emitted:  # the learner's pass, which updates the running statistics
+        learner(rollouts, (), action="none")
+    norm = learner.body.normalize
+    assert norm.count > 0 and norm.mean.tolist() == [1.0] * 4 and norm.var.tolist() == [0.0] * 4

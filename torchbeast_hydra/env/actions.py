@@ -7,7 +7,9 @@ to the space's shape only when it is handed to the env (`to_env`). distributions
 to the policy's distribution.
 
 Box actions are stored as sampled (unclipped): the log-probability the policy gradient and V-trace
-use is that of the sample; the bounds are applied where the action enters the env.
+use is that of the sample; the bounds are applied where the action enters the env, and the env's
+last_action (what the model is shown next) is the action the env took, within the bounds: so poly's
+server can refuse a last_action outside them, as it does a Discrete one.
 """
 
 from __future__ import annotations
@@ -110,18 +112,33 @@ def action_spec(space: gym.Space, env_id: str) -> ActionSpec:
     )
 
 
-def check(spec: ActionSpec, actions: np.ndarray, what: str = "actions") -> None:
-    """Raises ActionError unless actions [N, *step_shape] are values of the space (Box: finite)."""
+def box_bounds(spec: ActionSpec) -> tuple[np.ndarray, np.ndarray]:
+    """A Box space's low and high per flattened dimension, in the actions' dtype (float32)."""
+    return np.asarray(spec.low, np.float32), np.asarray(spec.high, np.float32)
+
+
+def check(spec: ActionSpec, actions: np.ndarray, what: str = "actions", taken: bool = False) -> None:
+    """Raises ActionError unless actions [N, *step_shape] are values of the space. Box: finite, and
+    within the bounds if taken (actions an env took, e.g. last_action; sampled ones may stray past them)."""
     if spec.kind == BOX:
-        if not np.isfinite(actions).all():
-            rows = np.flatnonzero(~np.isfinite(actions.reshape(len(actions), -1)).all(axis=1))
-            raise ActionError(f"{what} are not finite (NaN/inf) for envs {rows.tolist()}")
+        finite = np.isfinite(actions)
+        if not finite.all():
+            raise ActionError(f"{what} are not finite (NaN/inf) for envs {bad_rows(finite)}")
+        if taken:
+            low, high = box_bounds(spec)
+            inside = (actions >= low) & (actions <= high)
+            if not inside.all():
+                raise ActionError(f"{what} outside the action space {spec.describe()} for envs {bad_rows(inside)}")
         return
     nvec = np.asarray(spec.nvec).reshape(spec.step_shape)
-    inside = ((actions >= 0) & (actions < nvec)).reshape(len(actions), -1).all(axis=1)
+    inside = (actions >= 0) & (actions < nvec)
     if not inside.all():  # the rows, not the values: a client's 256 envs would make a text too long to send
-        rows = np.flatnonzero(~inside).tolist()
-        raise ActionError(f"{what} outside the action space {spec.describe()} for envs {rows}")
+        raise ActionError(f"{what} outside the action space {spec.describe()} for envs {bad_rows(inside)}")
+
+
+def bad_rows(good: np.ndarray) -> list:
+    """The envs (rows) where some entry of the boolean array is False."""
+    return np.flatnonzero(~good.reshape(len(good), -1).all(axis=1)).tolist()
 
 
 def to_env(spec: ActionSpec):
@@ -130,8 +147,7 @@ def to_env(spec: ActionSpec):
         start = spec.start[0]
         return (lambda a: int(a)) if start == 0 else (lambda a: int(a) + start)
     if spec.kind == BOX:
-        low = np.asarray(spec.low, np.float32)
-        high = np.asarray(spec.high, np.float32)
+        low, high = box_bounds(spec)
         return lambda a: np.clip(a, low, high).astype(spec.env_dtype).reshape(spec.shape)
     start = np.asarray(spec.start, np.int64)
     return lambda a: (a + start).astype(spec.env_dtype).reshape(spec.shape)

@@ -54,6 +54,10 @@ LAYOUT = {
     "mask": Field((), "bool", BACKEND),
 }
 
+# The largest float magnitude the model computes with in float32 (accel.float_limit: lower under bf16
+# autocast): a finite float64 observation beyond it becomes inf in the model, then NaN.
+FLOAT32_LIMIT = float(np.finfo(np.float32).max)
+
 ENV_KEYS = tuple(key for key, f in LAYOUT.items() if f.writer == ENV)
 AGENT_KEYS = tuple(key for key, f in LAYOUT.items() if f.writer == AGENT)
 
@@ -73,6 +77,23 @@ def numpy_specs(spec, writer: str | None = None) -> dict:
             shape = tuple(spec.actions.num_params if d == PARAMS else d for d in f.shape)
         out[key] = (shape, np.dtype(spec.actions.dtype) if f.dtype == ACTION else np.dtype(f.dtype))
     return out
+
+
+def fits_limit(array: np.ndarray, limit: float) -> bool:
+    """Whether every value of a float array is finite and at most limit in magnitude: the check of
+    every step, so one pass and no temporaries (NaN fails the comparisons, as inf does)."""
+    if np.finfo(array.dtype).max <= limit:  # float32 under float32: nothing finite exceeds it
+        return bool(np.isfinite(array).all())
+    if array.dtype.kind == "c" or not array.size:
+        return bool(within_limit(array, limit).all())
+    return bool(-limit <= array.min() and array.max() <= limit)
+
+
+def within_limit(array: np.ndarray, limit: float) -> np.ndarray:
+    """Elementwise fits_limit, for where a check failed: which values (and so which envs)."""
+    if np.finfo(array.dtype).max <= limit:
+        return np.isfinite(array)
+    return np.abs(array) <= limit
 
 
 def env_keys(spec) -> tuple:

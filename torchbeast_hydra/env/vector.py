@@ -14,7 +14,7 @@ import gymnasium as gym
 import numpy as np
 
 from torchbeast_hydra.env import layout
-from torchbeast_hydra.env.actions import BOX, check, to_env
+from torchbeast_hydra.env.actions import BOX, box_bounds, check, to_env
 from torchbeast_hydra.env.make import is_atari, make_env
 from torchbeast_hydra.env.settings import EnvConfig, atari_settings
 from torchbeast_hydra.env.spaces import FRAME, env_spec
@@ -40,6 +40,8 @@ class Environments:
         self.out = layout.env_outputs(self.spec, n)  # the rollout layout's env keys, one row per env
         self._to_env = to_env(self.spec.actions)  # a rollout's action -> env.step's (Box: clipped to bounds)
         self._check_finite = self.spec.actions.kind == BOX  # sampled categories are always in range
+        # last_action is what the envs took: a Box action clipped to the bounds (poly's server refuses others).
+        self._bounds = box_bounds(self.spec.actions) if self.spec.actions.kind == BOX else None
         self._frame = self.out[FRAME] if self.spec.single else None
         self._return = np.zeros(n, np.float32)
         self._steps = np.zeros(n, np.int32)
@@ -61,7 +63,10 @@ class Environments:
         if self._check_finite:
             check(self.spec.actions, actions, "the policy's actions")
         out = self.out
-        out["last_action"][:] = actions
+        if self._bounds is not None:
+            np.clip(actions, *self._bounds, out=out["last_action"])
+        else:
+            out["last_action"][:] = actions
         for i, env in enumerate(self.envs):
             action = self._to_env(actions[i])
             obs, reward, terminated, truncated, _ = env.step(action)

@@ -28,6 +28,17 @@ def autocast(cfg, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
+def compute_dtype(cfg) -> torch.dtype:
+    """The float dtype the model computes in: bf16 under bf16_autocast (the learner's pass; acting runs
+    in float32, whose range bf16 all but shares), else float32."""
+    return torch.bfloat16 if cfg.bf16_autocast else torch.float32
+
+
+def float_limit(cfg) -> float:
+    """The largest magnitude an observation may hold: beyond it the model's compute dtype makes it inf."""
+    return float(torch.finfo(compute_dtype(cfg)).max)
+
+
 def forward_fn(cfg, model: nn.Module):
     """What the learner calls for its forward pass: the model, compiled if asked."""
     model.lstm_segments = cfg.lstm_segments

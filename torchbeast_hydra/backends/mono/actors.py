@@ -8,6 +8,10 @@ Buffers are handed out by a `BufferPool` in the learner process over one pipe pe
 than through queues shared by all actors: an actor killed mid-operation then cannot leave a
 cross-process lock held, and the buffers it held are known exactly and reclaimed when it is
 replaced.
+
+An actor checks its envs' float observations before the policy sees them (ObservationGuard): one
+the model cannot compute with stops the run naming the env, the leaf and the value, rather than
+surfacing later as a NaN loss.
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ from omegaconf import OmegaConf
 from torchbeast_hydra.agent.distributions import NonFiniteAction
 from torchbeast_hydra.agent.models import make_model
 from torchbeast_hydra.backends.mono.settings import num_buffers
-from torchbeast_hydra.env.actions import ActionError
-from torchbeast_hydra.env.layout import AGENT_KEYS, env_keys, zero_rollouts
+from torchbeast_hydra.env.actions import ActionError, bad_rows
+from torchbeast_hydra.env.layout import AGENT_KEYS, env_keys, fits_limit, within_limit, zero_rollouts
 from torchbeast_hydra.env.spaces import EnvSpec
 from torchbeast_hydra.env.vector import Environments
+from torchbeast_hydra.learning import accel
 from torchbeast_hydra.logs.metrics import measured
 from torchbeast_hydra.run.seeding import actor_seed
 from torchbeast_hydra.run.supervision import ActorProcesses
@@ -38,6 +43,55 @@ from torchbeast_hydra.run.training import Backend
 from torchbeast_hydra.run.training_run import TrainingRun
 
 NONFINITE_ACTION = 5  # an actor's exit code: its policy produced a NaN/inf action (stops the run)
+# What an actor sends the learner: a report of full buffers, or a fault (text) that stops the run.
+REPORT, FAULT = b"R", b"F"
+
+
+class BadObservation(ValueError):
+    """An env returned an observation the model cannot compute with; the text names the env, leaf and value."""
+
+
+class ObservationGuard:
+    """Checks the float observation leaves an actor's envs return against the largest magnitude the
+    model computes with (accel.float_limit): a float64 1e300, or inf, would be inf in the model, then
+    NaN in the loss. Such values raise BadObservation; with clip (backend.clip_obs_to_model_range),
+    they are clipped to the limit instead and counted (NaN has no nearest value: it still raises)."""
+
+    def __init__(self, spec: EnvSpec, env_id: str, limit: float, clip: bool):
+        self.keys = [leaf.key for leaf in spec.leaves if leaf.dtype.kind == "f"]
+        self.env_id, self.limit, self.clip = env_id, limit, clip
+        self.clipped = 0  # observations (envs' steps) clipped since the last take_clipped()
+
+    def __call__(self, outputs: dict) -> None:
+        """outputs: the envs' arrays [num_envs, ...] (Environments'), clipped in place if asked."""
+        for key in self.keys:
+            array = outputs[key]
+            if fits_limit(array, self.limit):
+                continue
+            inside = within_limit(array, self.limit)
+            if self.clip:
+                numbers = ~np.isnan(array)
+                if numbers.all():
+                    self.clipped += len(bad_rows(inside))
+                    np.clip(array, -self.limit, self.limit, out=array)
+                    continue
+                inside = numbers  # NaN has no nearest value to clip to
+            raise BadObservation(self._describe(key, array, inside))
+
+    def take_clipped(self) -> int:
+        clipped, self.clipped = self.clipped, 0
+        return clipped
+
+    def _describe(self, key: str, array: np.ndarray, inside: np.ndarray) -> str:
+        env = bad_rows(inside)[0]
+        value = float(array[env][~inside[env]][0])
+        what = f"env {env} ({self.env_id}) returned an observation the model cannot take: {key} holds {value:g}"
+        if np.isnan(value):
+            return f"{what}. Fix the env (or wrap it) so that it returns numbers."
+        return (
+            f"{what}, beyond +-{self.limit:.4g}, the largest the model computes with. Fix the env (or wrap it), "
+            "or set backend.clip_obs_to_model_range=true to clip such values to it."
+        )
 
 
 def create_buffers(spec: EnvSpec, unroll_length: int, count: int) -> dict:
@@ -59,15 +113,16 @@ def _decode(message: bytes) -> list:
     return np.frombuffer(message, np.int32).tolist()
 
 
-def _encode_report(indices, env_s: float, inference_s: float) -> bytes:
+def _encode_report(indices, env_s: float, inference_s: float, clipped: int) -> bytes:
     """An actor's report: the CPU seconds it spent stepping envs and in the policy while filling
-    these buffers (per-step costs for logs.csv and benchmarks/throughput.py), then the buffers."""
-    return np.asarray([env_s, inference_s], np.float64).tobytes() + _encode(indices)
+    these buffers (per-step costs for logs.csv and benchmarks/throughput.py), the observations it
+    clipped, then the buffers."""
+    return REPORT + np.asarray([env_s, inference_s, clipped], np.float64).tobytes() + _encode(indices)
 
 
 def _decode_report(message: bytes) -> tuple:
-    env_s, inference_s = np.frombuffer(message[:16], np.float64)
-    return _decode(message[16:]), float(env_s), float(inference_s)
+    env_s, inference_s, clipped = np.frombuffer(message[1:25], np.float64)
+    return _decode(message[25:]), float(env_s), float(inference_s), int(clipped)
 
 
 class BufferPool:
@@ -81,7 +136,8 @@ class BufferPool:
         self.waiting = []  # actors waiting for a grant
         self.conns = {}  # actor index -> learner end of its pipe
         self._lock = threading.Lock()
-        self._acting = np.zeros(3)  # env seconds, inference seconds, env steps: since take_acting_stats
+        self._acting = np.zeros(4)  # env seconds, inference seconds, env steps, clipped: since take_acting_stats
+        self.faults = []  # (actor index, text): what stopped an actor, for the run to stop on
 
     def add_actor(self, index: int, conn) -> None:
         with self._lock:
@@ -112,12 +168,16 @@ class BufferPool:
         for conn in connection.wait(list(self.conns.values()), timeout):
             index = next(i for i, c in self.conns.items() if c is conn)
             try:
-                indices, env_s, inference_s = _decode_report(conn.recv_bytes())
+                message = conn.recv_bytes()
             except (EOFError, OSError):
                 broken.append(index)
                 continue
+            if message.startswith(FAULT):
+                self.faults.append((index, message[1:].decode()))
+                continue
+            indices, env_s, inference_s, clipped = _decode_report(message)
             with self._lock:
-                self._acting += (env_s, inference_s, len(indices) * self.unroll_length)
+                self._acting += (env_s, inference_s, len(indices) * self.unroll_length, clipped)
                 self.granted.pop(index, None)
                 self.waiting.append(index)
                 self._grant()
@@ -126,10 +186,13 @@ class BufferPool:
         return broken
 
     def take_acting_stats(self) -> tuple:
-        """Actors' core-microseconds per env step in env.step and in the policy since the last call."""
+        """Actors' core-microseconds per env step in env.step and in the policy, and the observations
+        they clipped, since the last call."""
         with self._lock:
-            (env_s, inference_s, steps), self._acting = self._acting, np.zeros(3)
-        return (1e6 * env_s / steps, 1e6 * inference_s / steps) if steps else (None, None)
+            (env_s, inference_s, steps, clipped), self._acting = self._acting, np.zeros(4)
+        if not steps:
+            return None, None, int(clipped)
+        return 1e6 * env_s / steps, 1e6 * inference_s / steps, int(clipped)
 
     def _grant(self) -> None:
         while self.waiting and len(self.free) >= self.per_actor:
@@ -151,17 +214,25 @@ class BufferPool:
                     pass
 
 
-def actor_main(env_cfg, num_envs, seed, unroll_length, model, buffers, state_buffers, conn):
+def actor_main(env_cfg, num_envs, seed, unroll_length, model, buffers, state_buffers, conn, obs_limit, clip_obs):
     """An actor process: fill the granted buffers with unrolls until told to stop."""
     torch.set_num_threads(1)  # one core-sized slice each; the learner gets the rest
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the learner, which stops us
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # SLURM signals the whole job; the parent handles it
     torch.manual_seed(seed)
     envs = Environments(env_cfg, num_envs, seed=seed)
+    guard = ObservationGuard(envs.spec, env_cfg.id, obs_limit, clip_obs)
     try:
-        _act(envs, unroll_length, model, buffers, state_buffers, conn)
+        _act(envs, guard, unroll_length, model, buffers, state_buffers, conn)
     except (EOFError, ConnectionError, KeyboardInterrupt):
         pass  # the learner is gone (stopped us, or died: a reset pipe) or stopping
+    except BadObservation as error:  # the learner stops the run with this text; we wait to be stopped
+        try:
+            conn.send_bytes(FAULT + str(error).encode())
+            while conn.recv_bytes():  # alive till then: a dead actor would be replaced, its text lost
+                pass
+        except (EOFError, OSError):
+            pass
     except (NonFiniteAction, ActionError) as error:  # never step an env with NaN: the run stops
         print(f"Actor stopped: {error}", file=sys.stderr, flush=True)
         sys.exit(NONFINITE_ACTION)
@@ -169,9 +240,11 @@ def actor_main(env_cfg, num_envs, seed, unroll_length, model, buffers, state_buf
         envs.close()
 
 
-def _act(envs, unroll_length, model, buffers, state_buffers, conn) -> None:
-    # Tensor views of the envs' output arrays, which Environments updates in place.
-    env_output = {key: torch.from_numpy(array).unsqueeze(0) for key, array in envs.initial().items()}
+def _act(envs, guard, unroll_length, model, buffers, state_buffers, conn) -> None:
+    # Tensor views of the envs' output arrays, which Environments updates in place (and guard clips).
+    outputs = envs.initial()
+    guard(outputs)
+    env_output = {key: torch.from_numpy(array).unsqueeze(0) for key, array in outputs.items()}
     core_state = model.initial_state(len(envs))
     with torch.no_grad():
         agent_output, _ = model(env_output, core_state)
@@ -199,10 +272,10 @@ def _act(envs, unroll_length, model, buffers, state_buffers, conn) -> None:
             with torch.no_grad():
                 agent_output, core_state = model(env_output, core_state)
             stepped = time.process_time()
-            envs.step(agent_output["action"][0].numpy())
+            guard(envs.step(agent_output["action"][0].numpy()))
             env_s, inference_s = env_s + time.process_time() - stepped, inference_s + stepped - started
             write_row(t, idx)
-        conn.send_bytes(_encode_report(idx.tolist(), env_s, inference_s))
+        conn.send_bytes(_encode_report(idx.tolist(), env_s, inference_s, guard.take_clipped()))
 
 
 def gather(buffers: torch.Tensor, idx: torch.Tensor, pin: bool) -> torch.Tensor:
@@ -225,6 +298,7 @@ class MonoBeast(Backend):
         self.state_buffers = create_state_buffers(self.policy, count)
         self.pool = BufferPool(count, backend.envs_per_actor, cfg.unroll_length)
         self.env_cfg = OmegaConf.to_object(cfg.env)
+        self.obs_limit = accel.float_limit(cfg.accel)
         self.actors = ActorProcesses(
             self._start_actor,
             backend.num_actors,
@@ -254,6 +328,8 @@ class MonoBeast(Backend):
                 self.buffers,
                 self.state_buffers,
                 actor_end,
+                self.obs_limit,
+                backend.clip_obs_to_model_range,
             ),
             daemon=True,
         )
@@ -267,6 +343,9 @@ class MonoBeast(Backend):
 
     def wait(self, timeout: float) -> None:
         broken = self.pool.receive(timeout)
+        if self.pool.faults:
+            index, text = self.pool.faults[0]
+            raise BadObservation(f"actor {index}'s {text}")
         self.actors.supervise(replace=not self.run.done, broken=broken)
 
     def next_batch(self):
@@ -287,7 +366,7 @@ class MonoBeast(Backend):
         batch = {key: gather(buffer, idx, pin) for key, buffer in self.buffers.items()}
         core_state = tuple(gather(buffer, idx, pin) for buffer in self.state_buffers)
         self.pool.release(indices)
-        env_us, inference_us = self.pool.take_acting_stats()
+        env_us, inference_us, clipped = self.pool.take_acting_stats()
         observed = dict(
             free_queue_size=len(self.pool.free),
             full_queue_size=self.pool.full.qsize(),
@@ -295,6 +374,8 @@ class MonoBeast(Backend):
             actor_env_us_per_step=measured(env_us),
             actor_inference_us_per_step=measured(inference_us),
         )
+        if self.cfg.backend.clip_obs_to_model_range:
+            observed["clipped_obs"] = clipped  # observations clipped since the last row
         return batch, core_state, observed
 
     def describe(self) -> dict:

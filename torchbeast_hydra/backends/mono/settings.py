@@ -18,6 +18,9 @@ class MonoConfig(BackendConfig):
     # Rollout buffers in shared memory; null: 2 x envs, and at least batch_size + envs (num_buffers()).
     num_buffers: Optional[int] = None
     num_learner_threads: int = 2  # threads that batch rollouts and run learner steps (one step at a time)
+    # An env's float observation beyond what the model computes with (a float64 1e300, inf) stops the run
+    # naming it; true: clipped to that range instead, counted in logs.csv's clipped_obs (NaN still stops).
+    clip_obs_to_model_range: bool = False
 
 
 def num_buffers(cfg) -> int:

@@ -8,6 +8,7 @@ role=env   env client processes only (run_env_clients), connecting to backend.ad
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -26,7 +27,7 @@ from torchbeast_hydra.backends.poly import wire
 from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
 from torchbeast_hydra.backends.poly.client import FINISHED, REFUSED, UNREACHABLE, client_main
 from torchbeast_hydra.backends.poly.rollouts import RolloutQueue
-from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings, make_server
+from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings, finite_rows, make_server
 from torchbeast_hydra.backends.poly.settings import PolyRole, split_address
 from torchbeast_hydra.env.native import envs_maker
 from torchbeast_hydra.env.spaces import probe_env
@@ -100,11 +101,10 @@ class PolyBeast(Backend):
         self.token = resolve_token(backend)
         self.device = run.device
         on_gpu = run.device.type == "cuda"
-        # On a GPU, inference has its own stream: it never queues behind the learner's update.
-        self.inference_stream = torch.cuda.Stream(run.device) if on_gpu else None
         self.rollouts = RolloutQueue(backend.learner_queue_size, pin=on_gpu)
+        self.central = CentralInference(self.policy, self.weights_lock, self.publisher, run.device)
         self.inference = DynamicBatcher(
-            self._infer,
+            self.central,
             backend.max_batch_size,
             backend.batch_timeout_ms / 1000,
             producers=lambda: self.pool.connected,
@@ -131,42 +131,6 @@ class PolyBeast(Backend):
     def _initial_state(self, num_envs: int) -> tuple:
         """Fresh core state for num_envs envs, batch first: [num_envs, ...], on the CPU (the server's)."""
         return tuple(s.transpose(0, 1).contiguous() for s in self.policy.initial_state(num_envs, device="cpu"))
-
-    def _infer(self, inputs: dict) -> dict:
-        """Central inference on a dynamic batch: inputs [N, ...] -> actions and policy outputs [N, ...]."""
-        if self.inference_stream is not None:
-            return self._infer_on_gpu(inputs)
-        states = sorted(key for key in inputs if key.startswith("core_state_"))
-        env_outputs = {key: inputs[key].unsqueeze(0) for key in inputs if key not in states}
-        core_state = tuple(inputs[key].transpose(0, 1) for key in states)  # the model makes it contiguous
-        with torch.no_grad(), self.weights_lock:
-            outputs, core_state = self.policy(env_outputs, core_state)
-        result = {key: value[0] for key, value in outputs.items()}
-        for i, state in enumerate(core_state):
-            result[f"core_state_{i}"] = state.transpose(0, 1)
-        return result
-
-    def _infer_on_gpu(self, inputs: dict) -> dict:
-        """As _infer, on inference's own stream: inputs come pinned (the batcher assembles them so),
-        copies both ways are asynchronous, and only this stream is waited for."""
-        device, stream = self.device, self.inference_stream
-        states = sorted(key for key in inputs if key.startswith("core_state_"))
-        with torch.cuda.stream(stream), torch.no_grad():
-            moved = {key: value.to(device, non_blocking=True) for key, value in inputs.items()}
-            env_outputs = {key: moved[key].unsqueeze(0) for key in moved if key not in states}
-            core_state = tuple(moved[key].transpose(0, 1) for key in states)
-            with self.weights_lock:  # held to queue the work; the publisher orders its copy by events
-                self.publisher.wait_for_weights(stream)
-                outputs, core_state = self.policy(env_outputs, core_state)
-                done = torch.cuda.Event()
-                done.record(stream)
-                self.publisher.inference_done = done
-            # Non-blocking copies to the host land in pinned memory; the synchronize below waits for them.
-            result = {key: value[0].to("cpu", non_blocking=True) for key, value in outputs.items()}
-            for i, state in enumerate(core_state):
-                result[f"core_state_{i}"] = state.transpose(0, 1).to("cpu", non_blocking=True)
-        stream.synchronize()
-        return result
 
     def _inference_failed(self, error: BaseException) -> None:
         """Inference raised: the run stops with the error (its callers' streams end meanwhile)."""
@@ -258,6 +222,109 @@ class PolyBeast(Backend):
             self.server.stop(grace=1.0).wait()
         if self.clients is not None:
             self.clients.stop(timeout=10.0)
+
+
+class BrokenModel(RuntimeError):
+    """The acting policy is broken (non-finite weights, or non-finite outputs whatever the envs): the run stops."""
+
+
+class CentralInference:
+    """The acting policy evaluated on a dynamic batch of envs from every client (the batcher's fn).
+
+    Envs (rows) whose outputs are not finite get placeholder actions, and their clients' sessions
+    drop them (server.py): one client's extreme observations must not end training for the others.
+    A batch fails, and with it the run, only when the model itself is broken: its weights (or
+    running statistics) are not finite, or its outputs are not finite for every env of the batch
+    and for the last batch it answered in full too (a lone client's batch says nothing of the model).
+    """
+
+    def __init__(self, policy, weights_lock, publisher, device: torch.device):
+        self.policy = policy
+        self.weights_lock = weights_lock
+        self.publisher = publisher
+        # On a GPU, inference has its own stream: it never queues behind the learner's update.
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.device = device
+        self.answered = None  # the last batch whose outputs were finite for every env
+
+    def __call__(self, inputs: dict) -> dict:
+        """inputs [N, ...] -> actions and policy outputs [N, ...], on the CPU."""
+        result = self._forward(inputs)
+        finite = finite_rows({key: value.numpy() for key, value in result.items()})
+        if finite.all():
+            self.answered = inputs
+        else:
+            self._stop_if_broken(finite)
+        return result
+
+    def _stop_if_broken(self, finite) -> None:
+        broken = self._non_finite_weights()
+        if broken:
+            names = ", ".join(broken[:4]) + (", ..." if len(broken) > 4 else "")
+            raise BrokenModel(f"central inference: the model's weights are not finite ({names}); no client caused it")
+        if finite.any() or self.answered is None:
+            return
+        again = self._forward(self.answered)
+        if not finite_rows({key: value.numpy() for key, value in again.items()}).all():
+            raise BrokenModel(
+                f"central inference: the model's outputs are not finite for any of a batch's {len(finite)} envs, "
+                "nor now for the last batch it answered in full; its weights are finite but must overflow float32"
+            )
+
+    def _non_finite_weights(self) -> list:
+        """The names of the policy's parameters and buffers holding NaN or inf, read as inference reads them."""
+        with self.weights_lock, self._on_stream():
+            if self.stream is not None:
+                self.publisher.wait_for_weights(self.stream)
+            state = self.policy.state_dict()
+            return [name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
+
+    def _on_stream(self):
+        return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+
+    def _act(self, env_outputs: dict, core_state: tuple):
+        """The policy's pass, with actions sampled from its parameters made finite: a NaN row would make
+        a Box sample raise for the whole batch (its client is dropped instead; its action is never sent)."""
+        outputs, core_state = self.policy(env_outputs, core_state, action="none")
+        params = torch.nan_to_num(outputs["policy_logits"], nan=0.0, posinf=0.0, neginf=0.0)
+        T, B = params.shape[:2]
+        outputs["action"] = self.policy.dist.sample(params).view(T, B, *self.policy.actions.step_shape)
+        return outputs, core_state
+
+    def _forward(self, inputs: dict) -> dict:
+        if self.stream is not None:
+            return self._forward_on_gpu(inputs)
+        states = sorted(key for key in inputs if key.startswith("core_state_"))
+        env_outputs = {key: inputs[key].unsqueeze(0) for key in inputs if key not in states}
+        core_state = tuple(inputs[key].transpose(0, 1) for key in states)  # the model makes it contiguous
+        with torch.no_grad(), self.weights_lock:
+            outputs, core_state = self._act(env_outputs, core_state)
+        result = {key: value[0] for key, value in outputs.items()}
+        for i, state in enumerate(core_state):
+            result[f"core_state_{i}"] = state.transpose(0, 1)
+        return result
+
+    def _forward_on_gpu(self, inputs: dict) -> dict:
+        """As _forward, on inference's own stream: inputs come pinned (the batcher assembles them so),
+        copies both ways are asynchronous, and only this stream is waited for."""
+        device, stream = self.device, self.stream
+        states = sorted(key for key in inputs if key.startswith("core_state_"))
+        with torch.cuda.stream(stream), torch.no_grad():
+            moved = {key: value.to(device, non_blocking=True) for key, value in inputs.items()}
+            env_outputs = {key: moved[key].unsqueeze(0) for key in moved if key not in states}
+            core_state = tuple(moved[key].transpose(0, 1) for key in states)
+            with self.weights_lock:  # held to queue the work; the publisher orders its copy by events
+                self.publisher.wait_for_weights(stream)
+                outputs, core_state = self._act(env_outputs, core_state)
+                done = torch.cuda.Event()
+                done.record(stream)
+                self.publisher.inference_done = done
+            # Non-blocking copies to the host land in pinned memory; the synchronize below waits for them.
+            result = {key: value[0].to("cpu", non_blocking=True) for key, value in outputs.items()}
+            for i, state in enumerate(core_state):
+                result[f"core_state_{i}"] = state.transpose(0, 1).to("cpu", non_blocking=True)
+        stream.synchronize()
+        return result
 
 
 def write_address_file(path, host: str, port: int) -> None:

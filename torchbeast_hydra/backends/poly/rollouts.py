@@ -98,6 +98,13 @@ class RolloutBuilder:
         self.cursor[:] = -1
         return len(unfinished)
 
+    def discard(self) -> int:
+        """Forgets every env's unfinished unroll (its client was refused: none of it may reach the
+        learner); returns how many there were."""
+        unfinished = int((self.cursor >= 1).sum())
+        self.cursor[:] = -1
+        return unfinished
+
     def _emit(self, envs: np.ndarray) -> None:
         for first in range(0, len(envs), self.chunk_size):
             self._emit_chunk(envs[first : first + self.chunk_size])

@@ -1,13 +1,17 @@
 """The ActorPool gRPC service: env clients stream their envs' outputs and receive actions.
 
 Each client stream is one session: the server checks the client's token and env, then for
-every Step writes the rows of its unrolls (rollouts.py), evaluates the policy for its envs in
-the shared dynamic batch (batcher.py) and answers with actions. LSTM state per env lives here.
-A malformed message ends that client's stream with INVALID_ARGUMENT; the server and the other
-clients carry on. A client silent for longer than client_idle_timeout_s (while the server waits
-for it) is dropped, so silent streams cannot hold every slot; past max_clients streams, new ones
-are refused with a message naming the setting. Unrolls a leaving client had started are handed
-on as partial rollouts.
+every Step evaluates the policy for its envs in the shared dynamic batch (batcher.py), writes
+the rows of its unrolls (rollouts.py) and answers with actions. LSTM state per env lives here.
+A malformed message ends that client's stream with INVALID_ARGUMENT, as does a step that central
+inference answers with non-finite outputs for some of the client's envs (the run stops only when
+the model itself is broken: backend.py's CentralInference); the server and the other clients
+carry on, and none of a refused client's unfinished unrolls reach the learner (a step enters
+them only once answered with finite outputs). A client silent for longer than
+client_idle_timeout_s (while the server waits for it) is dropped, so silent streams cannot hold
+every slot; past max_clients streams, new ones are refused with a message naming the setting.
+Unrolls a client that leaves (or is dropped for silence) had started are handed on as partial
+rollouts.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ import torch
 from torchbeast_hydra.backends.poly import wire
 from torchbeast_hydra.backends.poly.batcher import BatcherClosed, DynamicBatcher
 from torchbeast_hydra.backends.poly.rollouts import Emit, RolloutBuilder
-from torchbeast_hydra.env.layout import rollout_specs
+from torchbeast_hydra.env.layout import FLOAT32_LIMIT, rollout_specs
 from torchbeast_hydra.env.spaces import EnvSpec
+from torchbeast_hydra.learning import accel
 from torchbeast_hydra.run.seeding import actor_seed
 
 log = logging.getLogger(__name__)
@@ -76,6 +81,7 @@ class ServerSettings:
     max_envs_per_client: int
     max_clients: int  # concurrent streams; more are refused with a message naming the setting
     client_idle_timeout_s: float  # a stream the server waits on longer is dropped
+    float_limit: float = FLOAT32_LIMIT  # float observations beyond it are refused (accel.float_limit)
 
     @classmethod
     def from_config(cls, cfg) -> ServerSettings:
@@ -89,6 +95,7 @@ class ServerSettings:
             max_envs_per_client=backend.max_envs_per_client,
             max_clients=backend.max_clients,
             client_idle_timeout_s=backend.client_idle_timeout_s,
+            float_limit=accel.float_limit(cfg.accel),
         )
 
 
@@ -177,6 +184,8 @@ class ActorPool:
             if refused.code is not grpc.StatusCode.UNAVAILABLE:
                 with self._lock:
                     self.rejected += 1
+                if session is not None:
+                    session.discarded = True  # it sent what we refuse: none of its unrolls reach the learner
                 log.warning("Refused client %s: %s", peer, refused.details)
             context.abort(refused.code, refused.details)
         except grpc.RpcError:  # the stream was cancelled: by the client, or by us for silence
@@ -194,11 +203,8 @@ class ActorPool:
                 with self._lock:
                     self.connected -= 1
                 if not self.stopping.is_set():
-                    log.info(
-                        "Client %d left; its %d unfinished unrolls go to the learner as partial rollouts.",
-                        client_id,
-                        partial,
-                    )
+                    fate = "are discarded" if session.discarded else "go to the learner as partial rollouts"
+                    log.info("Client %d left; its %d unfinished unrolls %s.", client_id, partial, fate)
 
     def _count_step(self, seconds: float, num_envs: int) -> None:
         with self._lock:
@@ -285,7 +291,7 @@ class ActorPool:
     def _step(self, raw: bytes, num_envs: int) -> dict:
         try:
             message = wire.parse(wire.ClientMessage, raw)
-            return wire.decode_step(message, num_envs, self.spec)
+            return wire.decode_step(message, num_envs, self.spec, self.settings.float_limit)
         except wire.WireError as error:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed step: {error}") from None
 
@@ -355,9 +361,9 @@ class Session:
             pool.emit,
             pool.settings.chunk_size,
         )
+        self.discarded = False  # set when the client is refused: close() then hands nothing on
 
     def step(self, env_outputs: dict) -> np.ndarray:
-        self.builder.add(env_outputs, self.core_state)
         inputs = {key: torch.from_numpy(env_outputs[key]) for key in self.policy_inputs}
         inputs.update({f"core_state_{i}": s for i, s in enumerate(self.core_state)})
         try:
@@ -366,10 +372,36 @@ class Session:
             raise
         except Exception as error:
             raise InferenceFailed(f"central inference failed: {type(error).__name__}: {error}") from error
+        arrays = {key: value.numpy() for key, value in outputs.items()}
+        self._refuse_non_finite(arrays)
+        # Only now, answered with finite outputs, does the step enter the unrolls (and maybe end one).
+        self.builder.add(env_outputs, self.core_state)
         self.core_state = tuple(outputs[f"core_state_{i}"] for i in range(len(self.core_state)))
-        self.builder.set_agent_outputs({key: value.numpy() for key, value in outputs.items()})
-        return outputs["action"].numpy()
+        self.builder.set_agent_outputs(arrays)
+        return arrays["action"]
+
+    def _refuse_non_finite(self, outputs: dict) -> None:
+        finite = finite_rows(outputs)
+        if finite.all():
+            return
+        raise Refused(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"central inference gave non-finite outputs (NaN/inf) for envs {np.flatnonzero(~finite).tolist()} "
+            "of this client, while it answers others: their observations are beyond what the model can take "
+            "(the client is dropped, its unfinished unrolls discarded)",
+        )
 
     def close(self) -> int:
-        """Hands on the unfinished unrolls; returns how many there were."""
-        return self.builder.flush()
+        """Hands on the unfinished unrolls, or discards them; returns how many there were."""
+        return self.builder.discard() if self.discarded else self.builder.flush()
+
+
+def finite_rows(outputs: dict) -> np.ndarray:
+    """[N] bool: the rows (envs) whose float outputs (policy parameters, baseline, Box action, core
+    state; numpy arrays [N, ...]) are all finite."""
+    rows = len(next(iter(outputs.values())))
+    finite = np.ones(rows, bool)
+    for value in outputs.values():
+        if value.dtype.kind == "f":
+            finite &= np.isfinite(value.reshape(rows, -1)).all(axis=1)
+    return finite

@@ -16,8 +16,8 @@ import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
-from torchbeast_hydra.env.actions import ActionError, ActionSpec, check
-from torchbeast_hydra.env.layout import ENV_KEYS
+from torchbeast_hydra.env.actions import ActionError, ActionSpec, bad_rows, check
+from torchbeast_hydra.env.layout import ENV_KEYS, FLOAT32_LIMIT, fits_limit, within_limit
 
 FRAME = "frame"  # envs.FRAME (not imported: this module must not pull in gymnasium's env registry)
 
@@ -201,18 +201,19 @@ def encode_step(outputs: dict, obs_keys: tuple = (FRAME,)) -> bytes:
     return message.SerializeToString()
 
 
-def decode_step(message, num_envs: int, spec) -> dict:
+def decode_step(message, num_envs: int, spec, float_limit: float = FLOAT32_LIMIT) -> dict:
     """A ClientMessage's Step as arrays [num_envs, ...], views of its bytes; checks every array
-    against spec (envs.EnvSpec): names, dtypes, shapes and value ranges."""
+    against spec (envs.EnvSpec): names, dtypes, shapes and value ranges. float_limit: the largest
+    magnitude a float observation may hold (accel.float_limit, what the model computes with)."""
     if message.WhichOneof("kind") != "step":
         raise WireError(f"expected a step, got {message.WhichOneof('kind') or 'an empty message'}")
     step = message.step
-    arrays = _decode_obs(step, num_envs, spec)
+    arrays = _decode_obs(step, num_envs, spec, float_limit)
     for key in OTHER_STEP_KEYS:
         shape, dtype = spec.step_specs[key]
         arrays[key] = decode_array(getattr(step, key), key, dtype.name, (num_envs, *shape))
     try:
-        check(spec.actions, arrays["last_action"], "last_action")
+        check(spec.actions, arrays["last_action"], "last_action", taken=True)
     except ActionError as error:
         raise WireError(str(error)) from None
     if not (np.isfinite(arrays["reward"]).all() and np.isfinite(arrays["episode_return"]).all()):
@@ -220,13 +221,14 @@ def decode_step(message, num_envs: int, spec) -> dict:
     return arrays
 
 
-def _decode_obs(step, num_envs: int, spec) -> dict:
+def _decode_obs(step, num_envs: int, spec, float_limit: float) -> dict:
     """The observation's leaves: Step.frame for one array (no loop), else Step.obs, one named Array each."""
     if spec.single:
         if step.obs:
             raise WireError(f"extra observation leaves {[a.name for a in step.obs]}: this env's observation is a frame")
         leaf = spec.leaves[0]
-        return {FRAME: check_leaf(leaf, decode_array(step.frame, FRAME, leaf.dtype.name, (num_envs, *leaf.shape)))}
+        frame = decode_array(step.frame, FRAME, leaf.dtype.name, (num_envs, *leaf.shape))
+        return {FRAME: check_leaf(leaf, frame, float_limit)}
     if step.HasField(FRAME):
         raise WireError("extra observation leaf frame: this env's observation has leaves, sent in Step.obs")
     sent = {array.name: array for array in step.obs}
@@ -239,32 +241,37 @@ def _decode_obs(step, num_envs: int, spec) -> dict:
             f"(this env's: {list(spec.obs_keys)})"
         )
     return {
-        leaf.key: check_leaf(leaf, decode_array(sent[leaf.key], leaf.key, leaf.dtype.name, (num_envs, *leaf.shape)))
+        leaf.key: check_leaf(
+            leaf, decode_array(sent[leaf.key], leaf.key, leaf.dtype.name, (num_envs, *leaf.shape)), float_limit
+        )
         for leaf in spec.leaves
     }
 
 
-def check_leaf(leaf, array: np.ndarray) -> np.ndarray:
-    """array [num_envs, ...] if its values fit the leaf's space (envs.Leaf); WireError naming the leaf if not."""
+def check_leaf(leaf, array: np.ndarray, float_limit: float = FLOAT32_LIMIT) -> np.ndarray:
+    """array [num_envs, ...] if its values fit the leaf's space (envs.Leaf) and, for floats, the model's
+    range (float_limit); WireError naming the leaf, the envs and the limit if not."""
     if leaf.kind == "Box" and array.dtype.kind in "fc":
-        # Finite only, not within bounds: envs' float observations often stray past their declared ones.
-        if not np.isfinite(array).all():
-            raise WireError(f"{leaf.key} has non-finite values (NaN/inf) for envs {_bad_rows(np.isfinite(array))}")
+        # Not within the space's bounds (envs' float observations often stray past their declared ones),
+        # but finite in what the model computes with: a float64 1e300 would be inf there, then NaN.
+        if not fits_limit(array, float_limit):
+            finite = np.isfinite(array)
+            if not finite.all():
+                raise WireError(f"{leaf.key} has non-finite values (NaN/inf) for envs {bad_rows(finite)}")
+            raise WireError(
+                f"{leaf.key} has values beyond +-{float_limit:.4g}, the largest the model computes with, "
+                f"for envs {bad_rows(within_limit(array, float_limit))}"
+            )
     elif leaf.kind == "MultiBinary":
         binary = (array == 0) | (array == 1)
         if not binary.all():
-            raise WireError(f"{leaf.key} has values other than 0 and 1 for envs {_bad_rows(binary)}")
+            raise WireError(f"{leaf.key} has values other than 0 and 1 for envs {bad_rows(binary)}")
     elif leaf.integer_bounds is not None:  # ids that index an embedding: in range, or refused
         low, high = leaf.integer_bounds
         inside = (array >= low) & (array <= high)
         if not inside.all():
-            raise WireError(f"{leaf.key} is outside {leaf.space} for envs {_bad_rows(inside)}")
+            raise WireError(f"{leaf.key} is outside {leaf.space} for envs {bad_rows(inside)}")
     return array
-
-
-def _bad_rows(good: np.ndarray) -> list:
-    """The envs (rows) where some entry of the boolean array is False."""
-    return np.flatnonzero(~good.reshape(len(good), -1).all(axis=1)).tolist()
 
 
 def decode_actions(message, num_envs: int, spec: ActionSpec) -> np.ndarray:
