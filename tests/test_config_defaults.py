@@ -87,12 +87,16 @@ def test_a_repeated_default_is_found(tmp_path):
 def preset_repeats(name: str) -> list[str]:
     """The keys a preset sets to the value its group choices alone would compose."""
     content = OmegaConf.to_container(OmegaConf.load(CONF / "experiment" / f"{name}.yaml"))
+    content.pop("hydra", None)  # Hydra's own settings (a suite's sweep): not the job's config
+    defaults = content.pop("defaults", [])
     choices = [
         f"{key.removeprefix('override /')}={value}"
-        for item in content.pop("defaults", [])
+        for item in defaults
         if isinstance(item, dict)
         for key, value in item.items()
     ]
+    # A preset built on another (suites on experiment=control): the other's values are its defaults.
+    choices += [f"experiment={item}" for item in defaults if isinstance(item, str) and item != "_self_"]
     with_preset, without = plain(compose_config([f"experiment={name}"])), plain(compose_config(choices))
     return [key for key, _ in leaves(content) if lookup(with_preset, key) == lookup(without, key)]
 
