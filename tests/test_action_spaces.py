@@ -19,7 +19,7 @@ BASE = ["experiment=cartpole", "env.imports=[action_envs]", "logger.wandb.mode=d
 
 
 def mean_return(run_dir) -> float:
-    return float([row for row in rows(run_dir) if row["mean_episode_return"]][-1]["mean_episode_return"])
+    return float([row for row in rows(run_dir) if row["mean_episode_return"] is not None][-1]["mean_episode_return"])
 
 
 @pytest.mark.parametrize(

@@ -23,9 +23,9 @@ def test_a_tiny_run_writes_the_csv_stats_as_scalars(tmp_path):
     logged = scalars(run_dir / "tensorboard")
     csv_rows = rows(run_dir)
     for stat in ("total_loss", "sps", "learning_rate", "episodes"):
-        expected = {int(r["step"]): float(r[stat]) for r in csv_rows if r[stat]}  # sps: none on the first row
+        expected = {int(r["step"]): float(r[stat]) for r in csv_rows if r[stat] is not None}  # sps: none at first
         assert expected and logged[stat] == pytest.approx(expected, rel=1e-6), stat
-    returns = {int(r["step"]): float(r["mean_episode_return"]) for r in csv_rows if r["mean_episode_return"]}
+    returns = {r["step"]: r["mean_episode_return"] for r in csv_rows if r["mean_episode_return"] is not None}
     assert returns and logged["mean_episode_return"] == pytest.approx(returns, rel=1e-6)
     assert "episode_returns" not in logged and "step" not in logged
 
