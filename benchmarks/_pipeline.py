@@ -146,7 +146,7 @@ class NullLearner:
 def start_clients(maker, address: str, token: str, clients: int, envs: int, max_bytes: int) -> list:
     import torch.multiprocessing as mp
 
-    from torchbeast_hydra.backends.poly.client import client_main
+    from torchbeast_hydra.backends.poly.client import Connection, client_main
     from torchbeast_hydra.env.settings import EnvConfig
 
     ctx = mp.get_context("spawn")
@@ -154,7 +154,7 @@ def start_clients(maker, address: str, token: str, clients: int, envs: int, max_
         ctx.Process(
             target=client_main,
             daemon=True,
-            args=(EnvConfig(id="FixedFrames"), address, token, envs, 60, max_bytes, True, maker),
+            args=(EnvConfig(id="FixedFrames"), Connection(address, token, 60, max_bytes), envs, True, maker),
         )
         for _ in range(clients)
     ]

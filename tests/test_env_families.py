@@ -21,7 +21,7 @@ def test_each_family_brings_its_model_and_observation_leaves(family):
     body, env_id, keys = FAMILIES[family]
     cfg = compose_config([f"env={family}"])
     assert cfg.env.id == env_id and cfg.model._target_.endswith(body)
-    assert probe_env(cfg.env).obs_keys == keys
+    assert probe_env(cfg.env).leaf_keys == keys
     assert compose_config([f"env={family}", "model=multi"]).model._target_.endswith("MultiBody")  # yours wins
 
 

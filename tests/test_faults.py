@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchbeast_hydra.backends.poly.client import EnvClient
+from torchbeast_hydra.backends.poly.client import Connection, EnvClient
 from torchbeast_hydra.env.settings import EnvConfig
 from torchbeast_hydra.run import checkpoint
 
@@ -128,7 +128,7 @@ def test_clients_wait_through_a_learner_restart_and_training_resumes(tmp_path):
         clients.kill()
     assert learner.returncode == 0 and clients.returncode == 0, client_output
     assert f"Resuming from {checkpoint.path_in(run_dir)} at step {stopped_at}" in learner_output
-    assert "The learner finished training; exiting." in client_output
+    assert "The learner ended this client's session (training finished); exiting." in client_output
     logged = steps(run_dir)
     assert logged == sorted(set(logged)) and logged[-1] >= max(12000, stopped_at)
     del first_output
@@ -158,14 +158,8 @@ def test_64_concurrent_clients_train_steadily_with_flat_memory(tmp_path):
         wait_for(address_file.exists, 60, "the learner")
         env_cfg = EnvConfig(id="CartPole-v1")
         for _ in range(64):
-            client = EnvClient(
-                env_cfg,
-                f"file:{address_file}",
-                TOKEN["TORCHBEAST_TOKEN"],
-                num_envs=1,
-                connect_timeout_s=30,
-                max_message_bytes=1 << 20,
-            )
+            connection = Connection(f"file:{address_file}", TOKEN["TORCHBEAST_TOKEN"], 30, 1 << 20)
+            client = EnvClient(env_cfg, connection, num_envs=1)
             thread = threading.Thread(target=client.run, daemon=True)
             thread.start()
             clients.append(thread)

@@ -33,7 +33,7 @@ KEYS = ["obs/image", "obs/inner/0", "obs/inner/1", "obs/inner/2", "obs/position"
 
 def test_leaves_are_named_by_their_path_each_with_its_own_dtype_and_shape():
     spec = probe_env(STRUCTURED)
-    assert list(spec.obs_keys) == KEYS and not spec.single
+    assert list(spec.leaf_keys) == KEYS and not spec.single
     assert [(leaf.shape, leaf.dtype.name) for leaf in spec.leaves] == [
         ((5, 5, 3), "uint8"),
         ((3,), "int8"),
@@ -48,7 +48,7 @@ def test_leaves_are_named_by_their_path_each_with_its_own_dtype_and_shape():
 
 def test_a_box_observation_stays_one_frame():
     spec = probe_env(EnvConfig(id="CartPole-v1"))
-    assert spec.single and spec.obs_keys == ("frame",) and spec.obs_shape == (4,)
+    assert spec.single and spec.leaf_keys == ("frame",) and spec.obs_shape == (4,)
 
 
 def test_a_leaf_that_is_not_an_array_is_refused_naming_it_and_env_obs_keys():
@@ -76,7 +76,7 @@ def test_environments_write_every_leaf_of_each_env():
         assert out["obs/inner/1"].tolist() == [[0, 2], [1, 1]]
         np.testing.assert_allclose(out["obs/inner/2"][0], [2 / 6, -2 / 6])
         # On the wire: one named array per leaf, decoded to the same arrays.
-        raw = wire.encode_step(out, envs.spec.obs_keys)
+        raw = wire.encode_step(out, envs.spec.leaf_keys)
         decoded = wire.decode_step(wire.parse(wire.ClientMessage, raw), 2, envs.spec)
         assert not wire.parse(wire.ClientMessage, raw).step.HasField("frame")
         for key in KEYS:
@@ -98,7 +98,7 @@ def test_multi_body_encodes_each_leaf_and_acts():
     }
     inputs = {
         key: torch.from_numpy(np.stack([[leaf.space.sample() for _ in range(2)] for _ in range(3)]))
-        for key, leaf in zip(spec.obs_keys, spec.leaves)
+        for key, leaf in zip(spec.leaf_keys, spec.leaves)
     }
     inputs.update(
         done=torch.zeros(3, 2, dtype=torch.bool), reward=torch.zeros(3, 2), last_action=torch.zeros(3, 2).long()

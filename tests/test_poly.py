@@ -39,7 +39,7 @@ def test_role_all_trains_logs_checkpoints_and_test_mode_plays_it(tmp_path):
     assert all(row["learner_queue_size"] is not None for row in logged)
     state = checkpoint.load(checkpoint.path_in(run_dir))
     assert state["step"] == int(logged[-1]["step"]) and state["config"]["backend"]["name"] == "poly"
-    assert "The learner finished training; exiting." in result.stderr + result.stdout
+    assert "The learner ended this client's session (training finished); exiting." in result.stderr + result.stdout
 
     played = run_cli(tmp_path / "test", "mode=test", f"load_dir={run_dir}", "test.num_episodes=2")
     assert "Mean return over 2 episodes" in played.stdout
@@ -148,7 +148,7 @@ def test_learner_and_env_processes_with_hostile_clients(tmp_path):
         clients.kill()
     assert learner.returncode == 0, learner_output
     assert clients.returncode == 0, client_output
-    assert "The learner finished training; exiting." in client_output
+    assert "The learner ended this client's session (training finished); exiting." in client_output
     assert learner_output.count("Refused client") == 6  # oversized never reaches our code
     assert steps(run_dir)[-1] >= 12000
 
@@ -183,3 +183,17 @@ def test_env_client_with_a_wrong_token_is_refused(tmp_path):
         learner.communicate(timeout=60)
     assert clients.returncode != 0
     assert "refused this client: UNAUTHENTICATED" in clients.stderr + clients.stdout
+
+
+@pytest.mark.slow
+def test_local_clients_of_a_stopped_learner_say_it_was_stopped_not_finished(tmp_path):
+    run_dir = tmp_path / "run"
+    learner = start_cli(run_dir, *POLY_TINY, "total_steps=10000000")
+    try:
+        wait_for(lambda: (run_dir / "logs.csv").exists() and len(rows(run_dir)) >= 2, 120, "training")
+        learner.send_signal(signal.SIGTERM)
+        output, _ = learner.communicate(timeout=120)
+    finally:
+        learner.kill()
+    assert "the learner was stopped; its run resumes when started again" in output
+    assert "(training finished)" not in output

@@ -232,48 +232,48 @@ def without(key) -> dict:
 
 def sent_twice(key: str) -> bytes:
     """A good step with one leaf's array sent a second time."""
-    message = wire.parse(wire.ClientMessage, wire.encode_step(structured_outputs(), STRUCTURED.obs_keys))
+    message = wire.parse(wire.ClientMessage, wire.encode_step(structured_outputs(), STRUCTURED.leaf_keys))
     message.step.obs.add().CopyFrom(next(array for array in message.step.obs if array.name == key))
     return message.SerializeToString()
 
 
 BAD_LEAVES = {
-    "missing": (wire.encode_step(without("obs/speed"), STRUCTURED.obs_keys[:-1]), "missing ['obs/speed']"),
+    "missing": (wire.encode_step(without("obs/speed"), STRUCTURED.leaf_keys[:-1]), "missing ['obs/speed']"),
     "extra": (
-        wire.encode_step(dict(structured_outputs(), **{"obs/x": np.zeros(2)}), (*STRUCTURED.obs_keys, "obs/x")),
+        wire.encode_step(dict(structured_outputs(), **{"obs/x": np.zeros(2)}), (*STRUCTURED.leaf_keys, "obs/x")),
         "extra ['obs/x']",
     ),
     "frame": (wire.encode_step(dict(structured_outputs(), frame=np.zeros((2, 3), np.float32))), "extra observation"),
     "dtype": (
-        wire.encode_step(with_leaf("obs/glyphs", np.zeros((2, 2, 3), np.int32)), STRUCTURED.obs_keys),
+        wire.encode_step(with_leaf("obs/glyphs", np.zeros((2, 2, 3), np.int32)), STRUCTURED.leaf_keys),
         "obs/glyphs: expected int16 [2, 2, 3], got int32",
     ),
     "shape": (
-        wire.encode_step(with_leaf("obs/glyphs", np.zeros((2, 3, 2), np.int16)), STRUCTURED.obs_keys),
+        wire.encode_step(with_leaf("obs/glyphs", np.zeros((2, 3, 2), np.int16)), STRUCTURED.leaf_keys),
         "obs/glyphs: expected int16 [2, 2, 3], got int16 [2, 3, 2]",
     ),
     "discrete": (
-        wire.encode_step(with_leaf("obs/pos", np.array([1, 0])), STRUCTURED.obs_keys),
+        wire.encode_step(with_leaf("obs/pos", np.array([1, 0])), STRUCTURED.leaf_keys),
         "obs/pos is outside Discrete(4, start=1) for envs [1]",
     ),
     "multidiscrete": (
-        wire.encode_step(with_leaf("obs/inner/1", np.array([[1, 5], [0, 0]])), STRUCTURED.obs_keys),
+        wire.encode_step(with_leaf("obs/inner/1", np.array([[1, 5], [0, 0]])), STRUCTURED.leaf_keys),
         "obs/inner/1 is outside MultiDiscrete([2 5]) for envs [0]",
     ),
     "multibinary": (
-        wire.encode_step(with_leaf("obs/inner/0", np.array([[0, 1, 1], [0, 2, 0]], np.int8)), STRUCTURED.obs_keys),
+        wire.encode_step(with_leaf("obs/inner/0", np.array([[0, 1, 1], [0, 2, 0]], np.int8)), STRUCTURED.leaf_keys),
         "obs/inner/0 has values other than 0 and 1 for envs [1]",
     ),
     "integer box": (  # ids that index an embedding (NetHack's glyphs): a bad one would stop the learner
         wire.encode_step(
             with_leaf("obs/glyphs", np.array([[[0, 1, 2], [3, 4, 5]], [[0, 0, 0], [0, 101, 0]]], np.int16)),
-            STRUCTURED.obs_keys,
+            STRUCTURED.leaf_keys,
         ),
         "obs/glyphs is outside Box(0, 100, (2, 3), int16) for envs [1]",
     ),
     "sent twice": (sent_twice("obs/pos"), "sent twice ['obs/pos']"),
     "non-finite": (
-        wire.encode_step(with_leaf("obs/speed", np.array([[0, np.nan], [0, 0]], np.float32)), STRUCTURED.obs_keys),
+        wire.encode_step(with_leaf("obs/speed", np.array([[0, np.nan], [0, 0]], np.float32)), STRUCTURED.leaf_keys),
         "obs/speed has non-finite values (NaN/inf) for envs [0]",
     ),
 }
@@ -284,7 +284,7 @@ def test_a_client_with_a_bad_leaf_is_refused_naming_it_and_good_clients_go_on(se
     pool, port, emitted = served_structured
     good = RawClient(port)
     assert good.send(hello(spec=STRUCTURED)) == "welcome"
-    assert good.send(wire.encode_step(structured_outputs(), STRUCTURED.obs_keys)) == "actions"
+    assert good.send(wire.encode_step(structured_outputs(), STRUCTURED.leaf_keys)) == "actions"
     raw, reason = BAD_LEAVES[what]
     bad = RawClient(port)
     assert bad.send(hello(spec=STRUCTURED)) == "welcome"
@@ -293,9 +293,9 @@ def test_a_client_with_a_bad_leaf_is_refused_naming_it_and_good_clients_go_on(se
     bad.close()
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and reason in error.details(), error.details()
     for _ in range(6):  # past an unroll: the good client's rollout reaches the learner
-        assert good.send(wire.encode_step(structured_outputs(), STRUCTURED.obs_keys)) == "actions"
+        assert good.send(wire.encode_step(structured_outputs(), STRUCTURED.leaf_keys)) == "actions"
     good.close()
-    assert pool.rejected == 1 and emitted and set(STRUCTURED.obs_keys) <= set(emitted[0])
+    assert pool.rejected == 1 and emitted and set(STRUCTURED.leaf_keys) <= set(emitted[0])
     assert emitted[0]["obs/inner/1"].dtype == torch.int64 and emitted[0]["obs/inner/1"][1, 0].tolist() == [1, 4]
 
 

@@ -216,12 +216,12 @@ class ActorCritic(nn.Module):
         actions: ActionSpec | int,
         use_lstm: bool,
         lstm_layers: int = 1,
-        obs_keys: tuple = ("frame",),
+        leaf_keys: tuple = ("frame",),
     ):
         """actions: the env's action space (an int: that many Discrete actions)."""
         super().__init__()
         self.body = body
-        self.obs_keys = tuple(obs_keys)  # ("frame",): the body takes the tensor, else a dict of leaves
+        self.leaf_keys = tuple(leaf_keys)  # ("frame",): the body takes the tensor, else a dict of leaves
         self.actions = ActionSpec.discrete(actions) if isinstance(actions, int) else actions
         self.dist = distribution(self.actions)
         core_size = body.output_size + self.dist.encoded_size + 1
@@ -247,10 +247,10 @@ class ActorCritic(nn.Module):
     def forward(self, inputs: dict, core_state: tuple = (), action: str = "sample"):
         """action: "sample" from the policy, "greedy" (argmax), or "none" (the learner's pass)."""
         T, B = inputs["done"].shape[:2]
-        if self.obs_keys == ("frame",):
+        if self.leaf_keys == ("frame",):
             features = self.body(inputs["frame"].flatten(0, 1))
         else:
-            features = self.body({key: inputs[key].flatten(0, 1) for key in self.obs_keys})
+            features = self.body({key: inputs[key].flatten(0, 1) for key in self.leaf_keys})
         last_action = self.dist.encode(inputs["last_action"].flatten(0, 1))
         reward = inputs["reward"].flatten(0, 1).clamp(-1, 1).unsqueeze(-1)
         core_input = torch.cat([features, reward, last_action], dim=-1)
@@ -323,7 +323,7 @@ def make_model(cfg, spec: EnvSpec) -> ActorCritic:
         ) from cause
     _check_body(body, target, spec)
     lstm = fields.get("use_lstm", False), fields.get("lstm_layers", 1)
-    return ActorCritic(body, spec.actions, *lstm, obs_keys=spec.obs_keys)
+    return ActorCritic(body, spec.actions, *lstm, leaf_keys=spec.leaf_keys)
 
 
 def _check_body(body, target: str, spec: EnvSpec) -> None:

@@ -104,7 +104,9 @@ class EnvSpec:
         return len(self.leaves) == 1 and self.leaves[0].key == FRAME
 
     @property
-    def obs_keys(self) -> tuple:
+    def leaf_keys(self) -> tuple:
+        """The rollout keys of the observation's leaves (frame, or obs/...); env.obs_keys is the
+        config's selection of which leaves to keep, by path."""
         return tuple(leaf.key for leaf in self.leaves)
 
     @property

@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 from torchbeast_hydra.agent.models import make_model
 from torchbeast_hydra.backends.poly import wire
 from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
-from torchbeast_hydra.backends.poly.client import FINISHED, REFUSED, UNREACHABLE, client_main
+from torchbeast_hydra.backends.poly.client import FINISHED, REFUSED, UNREACHABLE, Connection, client_main
 from torchbeast_hydra.backends.poly.rollouts import RolloutQueue
 from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings, finite_rows, make_server
 from torchbeast_hydra.backends.poly.settings import PolyRole, split_address
@@ -66,19 +66,12 @@ def local_clients(cfg, address: str, token: str, max_message_bytes: int) -> Acto
     env_cfg = OmegaConf.to_object(cfg.env)
     threads = max(1, usable_cores() // backend.num_actors)  # the native vector env's, per client
     make_envs = envs_maker(env_cfg, threads) if backend.vector_env else None
-    args = (
-        env_cfg,
-        address,
-        token,
-        backend.envs_per_actor,
-        backend.connect_timeout_s,
-        max_message_bytes,
-        True,  # ignore_sigint: the parent handles Ctrl-C
-        make_envs,
-    )
+    connection = Connection(address, token, backend.connect_timeout_s, max_message_bytes)
+    kwargs = dict(env_cfg=env_cfg, connection=connection, num_envs=backend.envs_per_actor, make_envs=make_envs)
+    kwargs.update(ignore_sigint=True)  # the parent handles Ctrl-C
 
     def start(index: int, number: int):  # env seeds come from the server (per connection)
-        process = ctx.Process(target=client_main, args=args, name=f"env-client-{index}", daemon=True)
+        process = ctx.Process(target=client_main, kwargs=kwargs, name=f"env-client-{index}", daemon=True)
         process.start()
         return process
 
@@ -213,7 +206,8 @@ class PolyBeast(Backend):
         """Ends the clients' streams at their next step, then stops serving. Remote clients exit
         only if training is complete; otherwise they wait to reconnect to a restarted learner."""
         complete = self.run.stats.step >= self.cfg.total_steps
-        self.pool.stop(finished=complete or self.clients is not None)
+        reason = "training finished" if complete else "the learner was stopped; its run resumes when started again"
+        self.pool.stop(finished=complete or self.clients is not None, reason=reason)
         deadline = time.monotonic() + 5.0
         while self.pool.connected and time.monotonic() < deadline:
             time.sleep(0.05)

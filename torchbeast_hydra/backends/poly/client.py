@@ -14,6 +14,7 @@ import queue
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -56,23 +57,23 @@ class EnvsMaker(Protocol):
     def __call__(self, num_envs: int, seed: int): ...
 
 
+@dataclass(frozen=True)
+class Connection:
+    """How a client reaches its learner."""
+
+    address: str  # HOST:PORT, or file:PATH to read it from (written by the learner)
+    token: str  # the shared secret the server checks
+    connect_timeout_s: float  # how long to wait for a learner that is not up (yet)
+    max_message_bytes: int  # the gRPC message limit both sides use (wire.max_message_bytes)
+
+
 class EnvClient:
-    def __init__(
-        self,
-        env_cfg: EnvConfig,
-        address: str,
-        token: str,
-        num_envs: int,
-        connect_timeout_s: float,
-        max_message_bytes: int,
-        make_envs: EnvsMaker | None = None,
-    ):
+    def __init__(self, env_cfg: EnvConfig, connection: Connection, num_envs: int, make_envs: EnvsMaker | None = None):
         self.env_cfg = env_cfg
-        self.address = address
-        self.token = token
+        self.connection = connection
+        self.address = connection.address
+        self.connect_timeout_s = connection.connect_timeout_s
         self.num_envs = num_envs
-        self.connect_timeout_s = connect_timeout_s
-        self.max_message_bytes = max_message_bytes
         self.make_envs = make_envs or GymnasiumEnvs(env_cfg)
         self.spec = self.make_envs.spec
         self.envs = None  # made at the first welcome, seeded by the server
@@ -86,8 +87,8 @@ class EnvClient:
         try:
             while True:
                 try:
-                    self._session()
-                    log.info("The learner finished training; exiting.")
+                    reason = self._session()
+                    log.info("The learner ended this client's session (%s); exiting.", reason)
                     return FINISHED
                 except ClientRefused as refused:
                     log.error("The learner at %s refused this client: %s", self.address, refused)
@@ -123,10 +124,10 @@ class EnvClient:
         except OSError:
             raise ConnectionError(f"no address file at {path} yet") from None
 
-    def _session(self) -> None:
-        """One connection: hello, then a step per answer until the learner finishes."""
+    def _session(self) -> str:
+        """One connection: hello, then a step per answer until the learner ends it; returns why."""
         address = self._resolve_address()
-        with grpc.insecure_channel(address, options=wire.channel_options(self.max_message_bytes)) as channel:
+        with grpc.insecure_channel(address, options=wire.channel_options(self.connection.max_message_bytes)) as channel:
             try:
                 grpc.channel_ready_future(channel).result(timeout=2.0)
             except grpc.FutureTimeoutError:
@@ -135,10 +136,10 @@ class EnvClient:
                 wire.CONNECT, request_serializer=None, response_deserializer=wire.ServerMessage.FromString
             )
             outgoing = queue.SimpleQueue()
-            responses = connect(iter(outgoing.get, None), metadata=((wire.TOKEN_METADATA_KEY, self.token),))
+            responses = connect(iter(outgoing.get, None), metadata=((wire.TOKEN_METADATA_KEY, self.connection.token),))
             try:
                 outgoing.put(self._hello())
-                self._serve(responses, outgoing)
+                return self._serve(responses, outgoing)
             except grpc.RpcError as error:
                 if error.code() in PERMANENT:
                     raise ClientRefused(f"{error.code().name}: {error.details()}") from None
@@ -148,7 +149,7 @@ class EnvClient:
                 outgoing.put(None)  # ends the request stream
                 responses.cancel()
 
-    def _serve(self, responses, outgoing) -> None:
+    def _serve(self, responses, outgoing) -> str:
         for message in responses:
             kind = message.WhichOneof("kind")
             if kind == "welcome":
@@ -163,10 +164,10 @@ class EnvClient:
                     raise ClientRefused(f"the learner sent actions that do not fit this env's space: {error}") from None
                 self.outputs = self.envs.step(actions)
             elif kind == "finished":
-                return
+                return message.finished.reason or "training finished"
             else:
                 raise ConnectionError("the learner sent an empty message")
-            outgoing.put(wire.encode_step(self.outputs, self.spec.obs_keys))
+            outgoing.put(wire.encode_step(self.outputs, self.spec.leaf_keys))
         raise ConnectionError("the learner closed the stream")
 
     def _hello(self) -> bytes:
@@ -174,19 +175,12 @@ class EnvClient:
 
 
 def client_main(
-    env_cfg: EnvConfig,
-    address: str,
-    token: str,
-    num_envs: int,
-    connect_timeout_s: float,
-    max_message_bytes: int,
-    ignore_sigint: bool,
-    make_envs: EnvsMaker | None = None,
+    env_cfg: EnvConfig, connection: Connection, num_envs: int, ignore_sigint: bool, make_envs: EnvsMaker | None = None
 ) -> None:
     """A client process's entry point (spawned by role=all or role=env)."""
     if ignore_sigint:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # SLURM signals the whole job; the parent handles it
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][client][%(levelname)s] - %(message)s")
-    client = EnvClient(env_cfg, address, token, num_envs, connect_timeout_s, max_message_bytes, make_envs)
+    client = EnvClient(env_cfg, connection, num_envs, make_envs)
     sys.exit(client.run())

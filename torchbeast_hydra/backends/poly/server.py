@@ -39,7 +39,7 @@ from torchbeast_hydra.run.seeding import actor_seed
 
 log = logging.getLogger(__name__)
 
-POLICY_INPUTS = ("reward", "done", "last_action")  # and the observation's keys (EnvSpec.obs_keys)
+POLICY_INPUTS = ("reward", "done", "last_action")  # and the observation's keys (EnvSpec.leaf_keys)
 # Decoded steps are read-only views of the received bytes; torch warns that such tensors must not
 # be written to, and nothing here writes to them.
 warnings.filterwarnings(
@@ -123,6 +123,7 @@ class ActorPool:
         self.emit = emit
         self.stopping = threading.Event()
         self.finished = False  # on stopping: clients exit (True) or reconnect to a restarted learner
+        self.finished_reason = "training finished"  # what exiting clients are told
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self.connected = 0
@@ -179,7 +180,7 @@ class ActorPool:
                     grpc.StatusCode.UNAVAILABLE,
                     "the learner stopped before the end of training; reconnect to it when it is restarted",
                 )
-            yield wire.ServerMessage(finished=wire.Finished(reason="training finished"))
+            yield wire.ServerMessage(finished=wire.Finished(reason=self.finished_reason))
         except Refused as refused:
             if refused.code is not grpc.StatusCode.UNAVAILABLE:
                 with self._lock:
@@ -247,9 +248,10 @@ class ActorPool:
                     self.dropped += 1
                 stream.drop()
 
-    def stop(self, finished: bool) -> None:
-        """Ends every stream at its next step: clients exit when finished, else they reconnect."""
+    def stop(self, finished: bool, reason: str = "training finished") -> None:
+        """Ends every stream at its next step: clients exit when finished (told why), else they reconnect."""
         self.finished = finished
+        self.finished_reason = reason
         self.stopping.set()
 
     def _authenticate(self, context) -> None:
@@ -351,7 +353,7 @@ class Session:
     def __init__(self, pool: ActorPool, num_envs: int):
         self.inference = pool.inference
         self.core_state = pool.initial_state(num_envs)
-        self.policy_inputs = (*pool.spec.obs_keys, *POLICY_INPUTS)
+        self.policy_inputs = (*pool.spec.leaf_keys, *POLICY_INPUTS)
         self.builder = RolloutBuilder(
             rollout_specs(pool.spec),
             num_envs,

@@ -186,17 +186,17 @@ def encode_hello(spec, env_id: str, num_envs: int) -> bytes:
     return message.SerializeToString()
 
 
-def encode_step(outputs: dict, obs_keys: tuple = (FRAME,)) -> bytes:
-    """outputs: the env keys' arrays [num_envs, ...]; obs_keys: the observation's (EnvSpec.obs_keys)."""
+def encode_step(outputs: dict, leaf_keys: tuple = (FRAME,)) -> bytes:
+    """outputs: the env keys' arrays [num_envs, ...]; leaf_keys: the observation's (EnvSpec.leaf_keys)."""
     # A fresh message each step: reassigning a reused message's bytes fields grows its arena (slower).
     message = ClientMessage()
     step = message.step
     for key in OTHER_STEP_KEYS:
         encode_array(outputs[key], getattr(step, key))
-    if obs_keys == (FRAME,):
+    if leaf_keys == (FRAME,):
         encode_array(outputs[FRAME], step.frame)
     else:
-        for key in obs_keys:
+        for key in leaf_keys:
             encode_array(outputs[key], step.obs.add()).name = key
     return message.SerializeToString()
 
@@ -232,13 +232,13 @@ def _decode_obs(step, num_envs: int, spec, float_limit: float) -> dict:
     if step.HasField(FRAME):
         raise WireError("extra observation leaf frame: this env's observation has leaves, sent in Step.obs")
     sent = {array.name: array for array in step.obs}
-    missing, extra = [k for k in spec.obs_keys if k not in sent], [k for k in sent if k not in spec.obs_keys]
+    missing, extra = [k for k in spec.leaf_keys if k not in sent], [k for k in sent if k not in spec.leaf_keys]
     if missing or extra or len(sent) != len(step.obs):
         names = [array.name for array in step.obs]
         twice = sorted({name for name in names if names.count(name) > 1})
         raise WireError(
             f"observation leaves: missing {missing}, extra {extra}, sent twice {twice} "
-            f"(this env's: {list(spec.obs_keys)})"
+            f"(this env's: {list(spec.leaf_keys)})"
         )
     return {
         leaf.key: check_leaf(
