@@ -284,3 +284,12 @@ def test_plot_command_without_runs_fails_clearly(tmp_path):
         [sys.executable, "-m", "torchbeast_hydra.analysis", str(tmp_path)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 2 and "no runs" in result.stderr
+
+
+def test_settings_never_differ_by_how_runs_log_or_where_they_write(tmp_path):
+    """Two seeds whose runs differ only in logging and output keys are one setting, not two."""
+    for seed in (1, 2):
+        logging = [f"logger.tensorboard={seed == 1}", f"checkpoint_interval_s={60 * seed}"]
+        write_run(tmp_path / f"run{seed}", [f"seed={seed}", *logging], seed, [(100, [1.0], 0.5)])
+    df = analysis.load_runs(tmp_path)
+    assert df.attrs["swept_keys"] == [] and set(df["setting"]) == {analysis.ALL_RUNS}

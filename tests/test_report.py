@@ -9,7 +9,7 @@ import pytest
 import yaml
 from test_analysis import assert_real_image, write_run
 
-from torchbeast_hydra.logs import report, scores
+from torchbeast_hydra.logs import report, runs, scores
 from torchbeast_hydra.run.evaluate import EVAL_FIGURES
 
 # Per task and seed: (env option, env.id, evaluation returns at steps 1,000, 2,000 and 3,000).
@@ -113,7 +113,7 @@ def test_settings_leave_out_the_seed_and_logging_keys_but_keep_what_was_swept(tm
         write_job(tmp_path / str(job), "pong", "ALE/Pong-v5", seed, None, overrides, config)
     loaded = report.load_runs([tmp_path])
     assert [r.setting for r in loaded] == ["optim.learning_rate=0.001"] * 2 + ["optim.learning_rate=0.002"]
-    assert report.ignored("logger.wandb.mode") and report.ignored("hydra.run.dir") and not report.ignored("loggers")
+    assert runs.ignored("logger.wandb.mode") and runs.ignored("hydra.run.dir") and not runs.ignored("loggers")
 
 
 def test_runs_without_evaluations_use_the_training_return_or_are_left_out(sweep, tmp_path):

@@ -13,7 +13,7 @@ A report on runs and sweeps (run dirs and/or multirun dirs, several compared tog
 The score is the evaluation return (eval.csv's mean_return against step) when every run has one,
 else the training return (the mean of the last --window episodes at each logs.csv row); --metric
 picks one. A setting is what differs between a task's runs other than the seed and the keys that
-only say how a run logs or where it writes (IGNORED_KEYS): seeds of one setting are aggregated.
+only say how a run logs or where it writes (runs.IGNORED_KEYS): seeds of one setting are aggregated.
 """
 
 from __future__ import annotations
@@ -37,19 +37,6 @@ BASELINES = Path(__file__).with_name("baselines.yaml")
 DPI = 100
 ALL_RUNS = runs.ALL_RUNS
 
-# Config keys that say how a run logs, where it writes or how it is reached, not what it learns:
-# runs that differ only in these are one setting. A trailing dot covers the keys under it.
-IGNORED_KEYS = (
-    "logger.",
-    "hydra.",
-    "checkpoint_interval_s",
-    "check_memory",
-    "load_dir",
-    "mode",
-    "test.record_video",
-    "backend.token",
-    "backend.address",
-)
 # The task is the env id; the env option (and what it brings) is the same within a task.
 TASK_KEYS = ("env", "env.id")
 
@@ -128,13 +115,9 @@ def _evaluations(run_dir: Path, test_dirs: list) -> Optional[pd.DataFrame]:
     return pd.concat(frames, ignore_index=True).sort_values("step", kind="stable").reset_index(drop=True)
 
 
-def ignored(key: str) -> bool:
-    return any(key.startswith(k) if k.endswith(".") else key == k for k in IGNORED_KEYS)
-
-
 def assign_settings(loaded: list) -> None:
     """Per task, the keys whose values differ between its runs (less the seed, the task's own keys
-    and IGNORED_KEYS) label each run's setting, e.g. `optim.learning_rate=0.001`."""
+    and runs.IGNORED_KEYS) label each run's setting, e.g. `optim.learning_rate=0.001`."""
     for task in tasks(loaded):
         group = [r for r in loaded if r.task == task]
         typed = {k for r in group for k in runs.read_overrides(r.dir)}
@@ -142,7 +125,7 @@ def assign_settings(loaded: list) -> None:
         keys = [
             k
             for k in runs.differing_keys(configs, typed=typed)
-            if k != runs.SEED and k not in TASK_KEYS and not ignored(k)
+            if k != runs.SEED and k not in TASK_KEYS and not runs.ignored(k)
         ]
         for run in group:
             label = ",".join(f"{k}={run.config[k]}" for k in keys if run.config.get(k) is not None)
