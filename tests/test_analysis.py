@@ -252,9 +252,13 @@ def test_notebook_runs_headless_on_a_sweep_and_writes_its_plots(real_sweep, tmp_
         assert_real_image(out_dir / name)
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == len(PNGS)
+    report_pngs = sorted((out_dir / "report").glob("*.png"))  # the report's: a curve per task, the profile
+    assert report_pngs and all(assert_real_image(path) is None for path in report_pngs)
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == len(PNGS) + len(report_pngs)
     text = json.dumps([o.get("data", {}).get("text/plain", "") for o in outputs])
     assert "optim.learning_rate=0.001" in text and "optim.learning_rate=0.003" in text
+    markdown = json.dumps([o.get("data", {}).get("text/markdown", "") for o in outputs])
+    assert "CartPole-v1" in markdown and (out_dir / "report" / "report.md").exists()  # the report's tables
 
 
 @pytest.mark.slow
