@@ -136,8 +136,8 @@ BACKEND_CHECKS = {"mono": mono_settings.check, "poly": poly_settings.check}
 # checked against the schema its name selects. A model's plain dict is the user's own model:
 # models.make_model checks its fields against the body's constructor.
 _SCHEMAS_BY_NAME = {
-    "optim": {"rmsprop": RMSPropConfig, "adam": AdamConfig},
-    "backend": {"mono": MonoConfig, "poly": PolyConfig},
+    group: {name.removeprefix(SCHEMA_PREFIX): schema for name, schema in SCHEMAS[group].items()}
+    for group in ("optim", "backend")
 }
 
 
