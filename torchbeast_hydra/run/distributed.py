@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 SPAWNED = "TORCHBEAST_HYDRA_SPAWNED"  # set in the ranks that distributed.nproc started
 PROGRESS_KEY = "torchbeast_hydra/collectives/{}"  # per rank: the collectives it has entered
 DIAGNOSIS_TIMEOUT_S = 5.0  # to read the others' progress once a collective failed
+MAX_CAUSE_CHARS = 160  # of the backend's own message, in the one line that names the rank
 
 
 class RankFailure(RuntimeError):
@@ -220,11 +221,11 @@ class Ranks:
         if behind:
             who = ", ".join(f"rank {r}" for r in behind)
             return (
-                f"{who} of {self.world_size} did not reach update collective #{self.collectives} ({what}) "
-                f"within distributed.timeout_s={self.timeout_s:g} s: it died or hangs (its own output says which). "
-                f"Rank {self.rank} stops too ({first})."
+                f"{who} of {self.world_size} never reached collective #{self.collectives} ({what}): it died, or "
+                f"hung for distributed.timeout_s={self.timeout_s:g} s (its own output says which). "
+                f"Rank {self.rank} stops too ({first[:MAX_CAUSE_CHARS]})."
             )
-        return f"a rank of {self.world_size} failed during {what} ({first}); rank {self.rank} stops too."
+        return f"a rank of {self.world_size} failed during {what} ({first[:MAX_CAUSE_CHARS]}); rank {self.rank} stops too."
 
     def gather(self, value) -> list:
         """`value` from every rank, in rank order."""
