@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import SMALL, cli_env, rows, run_cli, wait_for
 from test_learner import learner_batch, learner_cfg, make_learner
 
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.run import distributed
 from torchbeast_hydra.run.seeding import actor_seed, rank_seed
+
+from conftest import SMALL, cli_env, rows, run_cli, wait_for
 
 UPDATES = 5
 
@@ -181,8 +182,8 @@ def test_a_rank_that_dies_or_hangs_stops_the_other_with_a_line_naming_it(tmp_pat
         assert time.monotonic() - started < 20 + 30  # distributed.timeout_s, and the wind-down
     finally:
         process.kill()
-        if how == "hung" and rank1:
-            subprocess.run(["kill", "-9", str(rank1)])
+        if how == "hung" and _rank_pid(run_dir, 1):  # rank 0 ends it; in case it did not
+            os.kill(rank1, signal.SIGKILL)
     assert process.returncode == 1
     (line,) = [line for line in out.splitlines() if "error:" in line]
     assert "error: rank 1 of 2 never reached collective" in line and "Rank 0 stops too" in line

@@ -5,6 +5,7 @@ Composes the config, checks it, then trains (resuming from the run dir's checkpo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import platform
@@ -160,14 +161,11 @@ def run(cfg: DictConfig) -> float:
     from torchbeast_hydra.run.training_run import TrainingRun
 
     training_run = TrainingRun(cfg, run_dir, spec, ranks)
-    try:
-        backend.train(cfg, training_run)
-    finally:
-        training_run.close()
-        if ranks is not None:
-            ranks.close()
-        if spawned is not None:
-            spawned.wait(cfg.distributed.timeout_s)
+    with distributed.running(ranks, spawned) if ranks is not None else contextlib.nullcontext():
+        try:
+            backend.train(cfg, training_run)
+        finally:
+            training_run.close()
     if training_run.stats.step < cfg.total_steps:  # stopped early: under submitit, requeue (see launch.py)
         hand_over(training_run.stopped_by)
     return final_return(training_run)

@@ -20,6 +20,7 @@ itself (`spawn_others`). A run with one rank asks `wanted` and takes no other pa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 SPAWNED = "TORCHBEAST_HYDRA_SPAWNED"  # set in the ranks that distributed.nproc started
 PROGRESS_KEY = "torchbeast_hydra/collectives/{}"  # per rank: the collectives it has entered
 DIAGNOSIS_TIMEOUT_S = 5.0  # to read the others' progress once a collective failed
+WIND_DOWN_S = 60.0  # for spawned ranks to stop their actors after the last update
+KILL_AFTER_S = 5.0  # from SIGTERM to SIGKILL for a spawned rank that must end
 MAX_CAUSE_CHARS = 160  # of the backend's own message, in the one line that names the rank
 
 
@@ -137,8 +140,7 @@ class SpawnedRanks:
         ]
 
     def wait(self, timeout_s: float) -> None:
-        """Waits for the others to end (they stop after the same update as this one); ends those
-        still running after timeout_s (e.g. after this rank failed)."""
+        """Waits for the others to end, and ends those still running after timeout_s."""
         deadline = time.monotonic() + timeout_s
         for rank, process in enumerate(self.processes, start=1):
             try:
@@ -147,9 +149,28 @@ class SpawnedRanks:
                 log.warning("Rank %d did not stop within %.0f s: ending it.", rank, timeout_s)
                 process.terminate()
                 try:
-                    process.wait(10)
-                except subprocess.TimeoutExpired:
+                    process.wait(KILL_AFTER_S)
+                except subprocess.TimeoutExpired:  # e.g. stopped (SIGSTOP): SIGTERM waits for SIGCONT
                     process.kill()
+                    process.wait()
+
+
+@contextlib.contextmanager
+def running(ranks: Ranks, spawned: SpawnedRanks | None):
+    """Around a rank's training: at the end, the process group goes; the ranks this one spawned
+    get WIND_DOWN_S to stop after the same update, or KILL_AFTER_S when this rank failed (the
+    others cannot go on without it)."""
+    try:
+        yield
+    except BaseException:
+        if spawned is not None:
+            spawned.wait(0)
+        raise
+    else:
+        if spawned is not None:
+            spawned.wait(WIND_DOWN_S)
+    finally:
+        ranks.close()
 
 
 def spawn_others(cfg, run_dir: Path) -> SpawnedRanks | None:
@@ -225,7 +246,8 @@ class Ranks:
                 f"hung for distributed.timeout_s={self.timeout_s:g} s (its own output says which). "
                 f"Rank {self.rank} stops too ({first[:MAX_CAUSE_CHARS]})."
             )
-        return f"a rank of {self.world_size} failed during {what} ({first[:MAX_CAUSE_CHARS]}); rank {self.rank} stops too."
+        cause = first[:MAX_CAUSE_CHARS]
+        return f"a rank of {self.world_size} failed during {what} ({cause}); rank {self.rank} stops too."
 
     def gather(self, value) -> list:
         """`value` from every rank, in rank order."""
