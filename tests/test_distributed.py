@@ -207,3 +207,31 @@ def test_a_signal_to_one_rank_stops_all_with_one_checkpoint_and_two_ranks_resume
     steps = [row["step"] for row in rows(run_dir)]
     assert steps == sorted(steps) and steps[-1] >= 12800
     assert set(b - a for a, b in zip(steps, steps[1:])) == {ROW_STEPS}
+
+
+def test_slurm_tasks_under_submitit_give_rank_world_size_and_master(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    slurm = dict(SLURM_JOB_ID="4242", SLURM_NTASKS="4", SLURM_JOB_NUM_NODES="2", SLURM_JOB_NODELIST="gpu[07-08]")
+    slurm.update(SLURM_NODEID="1", SLURM_PROCID="3", SLURM_LOCALID="1", SUBMITIT_EXECUTOR="slurm")
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    assert distributed.from_environment() == distributed.RankEnv(rank=3, world_size=4, local_rank=1, local_world_size=2)
+    assert os.environ["MASTER_ADDR"] == "gpu07"  # the job's first node hosts the rendezvous
+    port = os.environ["MASTER_PORT"]
+    monkeypatch.delenv("RANK")  # another task of the same job (or its requeue) finds the same port
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    monkeypatch.setenv("MASTER_PORT", port)
+    assert distributed.from_environment().rank == 0 and os.environ["MASTER_PORT"] == port
+
+
+def test_the_slurm_ranks_preset_runs_one_task_per_gpu():
+    from hydra import compose, initialize_config_dir
+
+    from torchbeast_hydra.__main__ import CONFIG_DIR
+
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["hydra/launcher=slurm_ranks"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert (launcher.tasks_per_node, launcher.gpus_per_task, launcher.gpus_per_node) == (2, 1, None)
+    assert launcher._target_.endswith("torchbeast_hydra_slurm.launcher.SlurmLauncher")

@@ -75,7 +75,8 @@ def from_environment() -> RankEnv | None:
     if "RANK" not in env and slurm_tasks() > 1:
         from submitit.helpers import TorchDistributedEnvironment
 
-        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)  # the device follows local_rank
+        # The device follows local_rank; a MASTER_ADDR left by the cluster or an earlier step is the job's no more.
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
     if int(env.get("WORLD_SIZE", "1")) <= 1:
         return None
     world_size = int(env["WORLD_SIZE"])
