@@ -193,6 +193,16 @@ def spawn_others(cfg, run_dir: Path) -> SpawnedRanks | None:
 # -- one rank ---------------------------------------------------------------------------------
 
 
+@dataclass
+class Agreement:
+    """What the ranks agree on before each update (Ranks.agree)."""
+
+    steps: int  # agent steps of this update, summed over the ranks
+    returns: list  # returns of the episodes that ended in it, on any rank
+    stop: bool  # some rank was asked to stop: every rank stops now, without this update
+    stop_signal: int | None  # the signal that asked (rank 0 hands it to submitit: requeue)
+
+
 class Ranks:
     """This rank of a data-parallel run: its process group and the collectives a run makes."""
 
@@ -201,6 +211,8 @@ class Ranks:
         self.local_rank, self.local_world_size = env.local_rank, env.local_world_size
         self.backend, self.timeout_s = backend, timeout_s
         self.collectives = 0  # entered so far: compared across ranks when one fails
+        if backend == "nccl":  # one GPU per rank, by its place on its machine; before NCCL starts
+            torch.cuda.set_device(env.local_rank)
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
         # What the ranks agree on is small host data: gloo, whatever carries the gradients.
         timeout = timedelta(seconds=timeout_s)
@@ -311,14 +323,6 @@ class Ranks:
             pass
 
 
-@dataclass
-class Agreement:
-    steps: int  # agent steps of this update, summed over the ranks
-    returns: list  # returns of the episodes that ended in it, on any rank
-    stop: bool  # some rank was asked to stop: every rank stops now, without this update
-    stop_signal: int | None  # the signal that asked (rank 0 hands it to submitit: requeue)
-
-
 # -- setting a rank up ------------------------------------------------------------------------
 
 
@@ -332,9 +336,8 @@ def for_rank(cfg, ranks: Ranks):
     """This rank's copy of the config: its own seed and device; on ranks other than 0, no sinks and
     no evaluations (rank 0 writes the run dir). The ranks' configs were compared before this."""
     cfg.seed = rank_seed(cfg.seed, ranks.rank)
-    if ranks.backend == "nccl":  # one GPU per rank, by its place on its machine
+    if ranks.backend == "nccl":
         cfg.device = f"cuda:{ranks.local_rank}"
-        torch.cuda.set_device(ranks.local_rank)
     if not ranks.is_main:
         cfg.logger.csv = False
         cfg.logger.tensorboard = False
