@@ -5,6 +5,7 @@ Composes the config, checks it, then trains (resuming from the run dir's checkpo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import platform
@@ -22,8 +23,9 @@ from torchbeast_hydra.config import Mode, check_overrides, register_configs, val
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning.learner import NonFiniteUpdate
 from torchbeast_hydra.logs.metrics import RecentReturns, read_rows
-from torchbeast_hydra.run import checkpoint
+from torchbeast_hydra.run import checkpoint, distributed
 from torchbeast_hydra.run.checkpoint import CheckpointError
+from torchbeast_hydra.run.devices import resolve_device
 from torchbeast_hydra.run.launch import LaunchError, check_launcher_plugin, hand_over, register_resolvers
 from torchbeast_hydra.run.settings import EvalObjective
 from torchbeast_hydra.run.training_run import RunDirError
@@ -137,12 +139,17 @@ def run(cfg: DictConfig) -> float:
 
     spec = probe_env(cfg.env)  # an unknown env id fails here, before any process starts
     model = make_model(cfg.model, spec)  # and so does a model that does not fit the env
-    if not (cfg.backend.name == "poly" and PolyRole(cfg.backend.role) is PolyRole.env):
-        from torchbeast_hydra.run.devices import resolve_device
-
-        needed = memory.check(cfg, spec, model, resolve_device(cfg.device))  # before any process starts
-        log.info("Memory estimate: %s", memory.summary(needed))
-    write_run_info(run_dir)
+    learns = not (cfg.backend.name == "poly" and PolyRole(cfg.backend.role) is PolyRole.env)
+    several = learns and distributed.wanted(cfg)  # data-parallel ranks; one rank takes none of their paths
+    if learns:
+        copies = distributed.ranks_on_this_machine(cfg) if several else 1  # each rank holds all of it
+        needed = memory.check(cfg, spec, model, resolve_device(cfg.device), copies)  # before any process starts
+        log.info("Memory estimate: %s", memory.summary(needed, copies))
+    ranks = spawned = None
+    if several:
+        cfg, run_dir, ranks, spawned = distributed.setup(cfg, run_dir)
+    if ranks is None or ranks.is_main:
+        write_run_info(run_dir)
 
     if cfg.backend.name == "poly":
         from torchbeast_hydra.backends.poly import backend
@@ -153,11 +160,12 @@ def run(cfg: DictConfig) -> float:
         from torchbeast_hydra.backends.mono import actors as backend
     from torchbeast_hydra.run.training_run import TrainingRun
 
-    training_run = TrainingRun(cfg, run_dir, spec)
-    try:
-        backend.train(cfg, training_run)
-    finally:
-        training_run.close()
+    training_run = TrainingRun(cfg, run_dir, spec, ranks)
+    with distributed.running(ranks, spawned) if ranks is not None else contextlib.nullcontext():
+        try:
+            backend.train(cfg, training_run)
+        finally:
+            training_run.close()
     if training_run.stats.step < cfg.total_steps:  # stopped early: under submitit, requeue (see launch.py)
         hand_over(training_run.stopped_by)
     return final_return(training_run)
@@ -174,7 +182,7 @@ def main(cfg: DictConfig) -> float:
         if cause is not None:  # e.g. a bug in a user's env: its traceback, after the one clear line
             log.error("caused by:", exc_info=(type(cause), cause, cause.__traceback__))
         sys.exit(2)
-    except (NonFiniteUpdate, RunDirError) as error:  # the backend saved the last good state first
+    except (NonFiniteUpdate, RunDirError, distributed.RankFailure) as error:  # the last good state is saved
         log.error("error: %s", error)
         sys.exit(1)
     except Exception as error:
@@ -228,6 +236,7 @@ def quote_paths(arg: str) -> str:
 def cli() -> None:
     """The command line: checks what must be checked before Hydra composes the config, then runs."""
     sys.argv[1:] = [quote_paths(arg) for arg in sys.argv[1:]]
+    sys.argv += distributed.follower_overrides(sys.argv[1:])  # torchrun's (and the spawn's) ranks other than 0
     try:
         check_launcher_plugin(sys.argv[1:])
         check_overrides(sys.argv[1:], CONFIG_DIR)

@@ -54,7 +54,7 @@ from torchbeast_hydra.learning.settings import AccelConfig, AdamConfig, RMSPropC
 from torchbeast_hydra.logs import settings as logs_settings
 from torchbeast_hydra.logs.settings import LoggerConfig
 from torchbeast_hydra.run import settings as run_settings
-from torchbeast_hydra.run.settings import EvalConfig, TestConfig
+from torchbeast_hydra.run.settings import DistributedConfig, EvalConfig, TestConfig
 
 
 class Mode(enum.Enum):
@@ -73,6 +73,7 @@ class Config:
     test: TestConfig = field(default_factory=TestConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     accel: AccelConfig = field(default_factory=AccelConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)  # ranks beyond one: run/distributed.py
 
     mode: Mode = Mode.train  # train | test
     seed: int = 1  # the network's initialisation and every env's and actor's randomness derive from it

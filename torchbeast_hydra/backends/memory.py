@@ -208,8 +208,10 @@ def _gib(n: int) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
-def summary(needed: Estimate) -> str:
-    """One line for the log: the total and the parts."""
+def summary(needed: Estimate, copies: int = 1) -> str:
+    """One line for the log: the total and the parts; copies: data-parallel ranks on this machine."""
+    if copies > 1:
+        return f"{copies} ranks on this machine x ({summary(needed)})"
 
     def listed(parts):
         return ", ".join(f"{name} {_gib(size)}" for name, size in sorted(parts.items(), key=lambda kv: -kv[1]))
@@ -229,15 +231,18 @@ def _refusal(where: str, parts: dict, total: int, available: int) -> str:
     )
 
 
-def check(cfg, spec: EnvSpec, model: torch.nn.Module, device: torch.device) -> Estimate:
-    """Raises ConfigError when the config cannot fit this machine's memory (or the learner's GPU)."""
+def check(cfg, spec: EnvSpec, model: torch.nn.Module, device: torch.device, copies: int = 1) -> Estimate:
+    """Raises ConfigError when the config cannot fit this machine's memory (or the learner's GPU).
+
+    copies: data-parallel ranks on this machine, each with its own learner and actors (one GPU each)."""
     on_gpu = device.type == "cuda"
     needed = estimate(cfg, spec, model, on_gpu)
     if not cfg.check_memory:
         return needed
     ram = available_ram()
-    if ram is not None and needed.ram_total > ram:
-        raise ConfigError(_refusal("memory", needed.ram, needed.ram_total, ram))
+    if ram is not None and needed.ram_total * copies > ram:
+        where = "memory" if copies == 1 else f"memory for each of {copies} ranks on this machine"
+        raise ConfigError(_refusal(where, needed.ram, needed.ram_total, ram // copies))
     gpu = available_gpu(device) if on_gpu else None
     if gpu is not None and needed.gpu_total > gpu:
         raise ConfigError(_refusal(f"GPU memory on {device}", needed.gpu, needed.gpu_total, gpu))

@@ -195,8 +195,12 @@ class NonFiniteUpdate(RuntimeError):
 class Learner:
     """The model being trained, its optimiser and LR schedule, and one update on a batch."""
 
-    def __init__(self, cfg, model: nn.Module, device: torch.device):
+    def __init__(self, cfg, model: nn.Module, device: torch.device, average_gradients: Callable | None = None):
+        """average_gradients(parameters, figures): with several data-parallel ranks, replaces the
+        gradients and the figures (the loss terms) by their mean over the ranks, in place
+        (run/distributed.py); None with one rank."""
         self.cfg = cfg
+        self.average_gradients = average_gradients
         self.device = device
         self.model = model.to(device)
         self.forward = accel.forward_fn(cfg.accel, self.model)  # shares the model's parameters
@@ -219,10 +223,13 @@ class Learner:
         losses = compute_losses(self.cfg.vtrace, batch, outputs, self.loss_terms, self.model.dist)
         self.optimizer.zero_grad(set_to_none=True)
         losses["total_loss"].backward()
+        figures = torch.stack(list(losses.values())).detach()
+        if self.average_gradients is not None:  # every rank steps with the same (mean) gradient
+            self.average_gradients(self.model.parameters(), figures)
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_norm_clipping)
         # One device-to-host copy for all the figures: on a GPU each .item() would wait on its own.
         names = [*losses, "grad_norm"]
-        stats = dict(zip(names, torch.stack([*losses.values(), grad_norm]).detach().tolist()))
+        stats = dict(zip(names, torch.cat([figures, grad_norm.detach().reshape(1)]).tolist()))
         if math.isfinite(stats["total_loss"]) and math.isfinite(stats["grad_norm"]):
             self.optimizer.step()
         elif OnNonFinite(self.cfg.optim.on_nonfinite) is OnNonFinite.stop:

@@ -21,8 +21,19 @@ def actor_seed(run_seed: int, actor: int, envs_per_actor: int) -> int:
     return run_seed * 1_000_003 + actor * envs_per_actor
 
 
+# Rank r > 0 of a data-parallel run plays as if its run seed were seed + r * RANK_SEED_STRIDE: far
+# from any seed a user picks, so no two ranks' (or runs') actors share an env seed; rank 0 keeps the
+# run's seed, so rank 0 of N ranks plays what a one-rank run plays.
+RANK_SEED_STRIDE = 2**32
+
+
+def rank_seed(run_seed: int, rank: int) -> int:
+    """The seed rank `rank` of a data-parallel run derives its actors' and sampling's seeds from."""
+    return run_seed + rank * RANK_SEED_STRIDE
+
+
 # Evaluation envs' seeds start here: far above any training env's (actor_seed stays below it for
-# any run seed under 4.6e12), so evaluation never replays a training env's episodes.
+# any run seed under 4.6e12: up to ~1,000 ranks), so evaluation never replays a training env's episodes.
 EVAL_SEED_BASE = 2**62
 
 

@@ -1,5 +1,5 @@
-"""The run's own settings (mode=test's protocol) and the config as plain data for checkpoints and
-trackers."""
+"""The run's own settings (mode=test's protocol, evaluation, data-parallel ranks) and the config as
+plain data for checkpoints and trackers."""
 
 from __future__ import annotations
 
@@ -47,6 +47,28 @@ class EvalConfig:
     objective: EvalObjective = EvalObjective.final
 
 
+class DistBackend(enum.Enum):
+    """torch.distributed's backend for the ranks' collectives."""
+
+    auto = "auto"  # nccl when the learner's device is a GPU, else gloo
+    gloo = "gloo"  # CPU tensors (and what the ranks agree on each update, on any device)
+    nccl = "nccl"  # GPU tensors: one GPU per rank
+
+
+@dataclass
+class DistributedConfig:
+    """Data-parallel learners on torch.distributed (run/distributed.py, docs/distributed.md).
+
+    torchrun and SLURM (submitit) say how many ranks there are; `nproc` is for one machine without
+    them. A run with one rank runs none of this."""
+
+    nproc: int = 1  # ranks this command starts on this machine itself (as Lightning's devices=N); 1: no spawning
+    backend: DistBackend = DistBackend.auto
+    # A rank that neither answers nor reaches the next update within this many seconds (dead, hung,
+    # or still starting) stops the others, with a line naming it. Cover the slowest start of a rank.
+    timeout_s: float = 300.0
+
+
 def to_plain_dict(cfg) -> dict:
     """The resolved config as plain data for checkpoints and trackers, with secrets masked."""
     plain = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
@@ -67,6 +89,8 @@ def check(cfg) -> None:
     )
     require(cfg.eval.interval_steps >= 0, "eval.interval_steps must be >= 0 (0: no evaluation during training).")
     require(cfg.eval.episodes >= 1, "eval.episodes must be at least 1.")
+    require(cfg.distributed.nproc >= 1, f"distributed.nproc={cfg.distributed.nproc} must be at least 1.")
+    require(cfg.distributed.timeout_s > 0, "distributed.timeout_s must be positive.")
     test = cfg.test
     require(test.max_episode_steps >= 1, "test.max_episode_steps must be at least 1.")
     require(test.num_episodes >= 1, "test.num_episodes must be at least 1.")

@@ -43,6 +43,12 @@ class StopOnSignals:
             self.received, self.previous = signum, self._previous[signum]
         self.stop.set()
 
+    def adopt(self, signum: int) -> None:
+        """Takes `signum` as received, as if it had come here: another rank of a data-parallel run got it,
+        and this rank (0) is the one that hands it to its owner (launch.hand_over)."""
+        if self.received is None:
+            self.received, self.previous = signum, self._previous.get(signum)
+
     def __exit__(self, *exc):
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)

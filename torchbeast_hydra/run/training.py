@@ -120,7 +120,7 @@ class Backend:
             threading.Thread(target=self._learn, name=f"learner-{i}", daemon=True)
             for i in range(self.num_learner_threads)
         ]
-        with StopOnSignals(run.stop_requested) as run.stopped_by:
+        with StopOnSignals(run.stop_wanted) as run.stopped_by:
             try:
                 self.start()
             except BaseException:  # e.g. the server's port is taken: nothing learned, nothing to save

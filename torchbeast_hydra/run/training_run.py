@@ -3,6 +3,10 @@
 `TrainingRun` resumes from the run dir's checkpoint on start (resume.py says when it may),
 updates the learner thread-safely, logs each update's row and checkpoints on a timer and at exit,
 so mono and poly resume, log and checkpoint identically.
+
+With several data-parallel ranks (`ranks`, distributed.py), every rank has one: each update's
+figures are agreed across the ranks first (global steps, every rank's returns, a stop asked of
+any rank), the learner averages gradients, and rank 0 alone writes checkpoints and run_info.
 """
 
 from __future__ import annotations
@@ -55,16 +59,22 @@ def writing(what: Path):
 class TrainingRun:
     """The learner plus the run dir's state: resumes on start, checkpoints on a timer and at exit."""
 
-    def __init__(self, cfg, run_dir: str | Path, spec: EnvSpec):
+    def __init__(self, cfg, run_dir: str | Path, spec: EnvSpec, ranks=None):
+        """ranks: this rank's distributed.Ranks in a data-parallel run; None with one rank."""
         self.cfg = cfg
+        self.ranks = ranks
         self.run_dir = Path(run_dir)
         self.spec = spec
         self.device = resolve_device(cfg.device)
         accel.apply_switches(cfg.accel)
         seed_everything(cfg.seed)  # before the model is built: its initial weights follow the seed
-        self.learner = Learner(cfg, make_model(cfg.model, spec), self.device)
+        average = ranks.average_gradients if ranks is not None else None
+        self.learner = Learner(cfg, make_model(cfg.model, spec), self.device, average_gradients=average)
         self.lock = threading.Lock()  # guards the learner and stats between updates and saves
         self.stop_requested = threading.Event()
+        # What a stop signal sets. With several ranks, all must stop after the same update: a signal
+        # only asks, and `update` stops every rank once they have agreed on it.
+        self.stop_wanted = self.stop_requested if ranks is None else threading.Event()
         self.stopped_by: StopOnSignals | None = None  # set by the backend; see launch.hand_over
 
         self.checkpoint_path = checkpoint.path_in(self.run_dir)
@@ -80,8 +90,10 @@ class TrainingRun:
             elapsed_s = state["stats"].get("time_s", 0.0)  # absent in older checkpoints
             log.info("Resuming from %s at step %d.", self.checkpoint_path, start_step)
             self.config_changes = config_changes(state.get("config", {}), to_plain_dict(cfg))
-            for line in describe_changes(self.config_changes):
+            for line in describe_changes(self.config_changes) if self.is_main else []:
                 log.warning(line)
+        if ranks is not None:
+            ranks.synchronise(self.learner.model, start_step, cfg.seed)
         self.resumed = start_step > 0
         sinks = []
         self.csv_path = self.run_dir / "logs.csv"
@@ -122,12 +134,16 @@ class TrainingRun:
             "run dir": str(self.run_dir.resolve()),
             "wandb": f"{wandb} {self.wandb.url}" if self.wandb.url else wandb,
         }
+        if self.ranks is not None:
+            summary["ranks"] = self.ranks.describe()
         if self.resumed:
             summary["resumed"] = f"at step {self.stats.step:,}, {len(self.config_changes)} settings changed"
         return summary
 
     def add_to_run_info(self, section: str, values: dict) -> None:
         """Adds a section to run_info.yaml (what produced the run; __main__.write_run_info)."""
+        if not self.is_main:
+            return
         path = self.run_dir / "run_info.yaml"
         with writing(path):
             info = OmegaConf.load(path) if path.exists() else OmegaConf.create()
@@ -148,6 +164,11 @@ class TrainingRun:
             f"Stopped {why} at step {stats.step:,}/{self.cfg.total_steps:,} after {duration(stats.elapsed_s)}; "
             f"the checkpoint is saved. Resume with: {resume_command(self.run_dir)}"
         )
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this process writes the run dir: the only rank, or rank 0."""
+        return self.ranks is None or self.ranks.is_main
 
     @property
     def done(self) -> bool:
@@ -172,17 +193,37 @@ class TrainingRun:
         with self.lock:
             if self.stats.step >= self.cfg.total_steps:
                 return None
+            if self.ranks is not None:
+                agreed = self._agree(steps, episode_returns)
+                if agreed is None:
+                    return None
+                steps, episode_returns = agreed
             started = time.perf_counter()
             update_stats = self.learner.update(batch, initial_core_state, steps)
             update_stats["update_ms"] = round(1000 * (time.perf_counter() - started), 2)
             with writing(self.csv_path):
                 return self.stats.record(steps, episode_returns, update_stats, queues)
 
+    def _agree(self, steps: int, episode_returns: list) -> tuple | None:
+        """With several ranks: this update's global (steps, returns), or None when the ranks stop now."""
+        if self.stop_requested.is_set():  # this rank failed: the others learn it from the failed collective
+            return None
+        received = self.stopped_by.received if self.stopped_by is not None else None
+        agreed = self.ranks.agree(steps, episode_returns, received, self.stop_wanted.is_set())
+        if agreed.stop:
+            if agreed.stop_signal is not None and self.stopped_by is not None:
+                self.stopped_by.adopt(agreed.stop_signal)  # rank 0 hands it on: under submitit, a requeue
+            self.stop_requested.set()
+            return None
+        return agreed.steps, agreed.returns
+
     def maybe_checkpoint(self) -> None:
         if time.monotonic() - self._last_save >= self.cfg.checkpoint_interval_s:
             self.save_checkpoint()
 
     def save_checkpoint(self) -> None:
+        if not self.is_main:  # every rank holds the same weights: rank 0's checkpoint is the run's
+            return
         with self.lock:
             state = dict(
                 learner=self.learner.state_dict(),

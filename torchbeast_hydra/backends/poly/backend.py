@@ -189,7 +189,9 @@ class PolyBeast(Backend):
             ) from None
         server.start()
         host, _ = split_address(backend.address)
-        write_address_file(self.run.run_dir / ADDRESS_FILE, host, port)
+        # Each data-parallel rank serves its own env clients: rank r > 0 names its file .rankR.
+        name = ADDRESS_FILE if self.run.is_main else f"{ADDRESS_FILE}.rank{self.run.ranks.rank}"
+        write_address_file(self.run.run_dir / name, host, port)
         self.address = f"{host}:{port}"
         log.info(
             "ActorPool listening on %s:%d (%s). Env clients: backend=poly backend.role=env "
