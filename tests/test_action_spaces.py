@@ -5,11 +5,11 @@ the best return, EPISODE. And a resume with another action space is refused, nam
 import os
 
 import pytest
-from action_envs import EPISODE
 
 from torchbeast_hydra.run import checkpoint
 
-from conftest import REPO, cli_env, rows, run_cli
+from action_envs import EPISODE
+from helpers import REPO, cli_env, rows, run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from torchbeast_hydra import analysis
 from torchbeast_hydra.logs import plots
 from torchbeast_hydra.logs.metrics import CSV_FIELDS
 
-from conftest import TINY, run_cli, sweep_job_dir
+from helpers import TINY, run_cli, sweep_job_dir
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "analysis.ipynb"
 PNGS = ["returns.png", "sps.png", "losses.png", "final_returns.png"]

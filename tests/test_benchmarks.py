@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, cli_env
+from helpers import REPO, cli_env
 
 BENCHMARKS = REPO / "benchmarks"
 

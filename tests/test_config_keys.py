@@ -11,7 +11,7 @@ from torchbeast_hydra.__main__ import CONFIG_DIR
 from torchbeast_hydra.config import check_overrides, validate
 from torchbeast_hydra.errors import ConfigError
 
-from conftest import TINY, compose_config, run_cli
+from helpers import TINY, compose_config, run_cli
 
 
 def compose_with(conf_dir, overrides):

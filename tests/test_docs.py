@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 
 
 def build(config: Path, site: Path) -> subprocess.CompletedProcess:

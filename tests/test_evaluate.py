@@ -12,7 +12,7 @@ from torchbeast_hydra.env.settings import EnvConfig
 from torchbeast_hydra.env.vector import Environments
 from torchbeast_hydra.run.evaluate import _append_row, eval_env_config, play
 
-from conftest import cli_env, compose_config, run_cli
+from helpers import cli_env, compose_config, run_cli
 
 
 class FixedPolicy(torch.nn.Module):

@@ -11,7 +11,7 @@ import pytest
 
 from torchbeast_hydra.run import checkpoint
 
-from conftest import REPO, SMALL, cli_env, rows
+from helpers import REPO, SMALL, cli_env, rows
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from torchbeast_hydra.backends.poly.client import EnvClient
 from torchbeast_hydra.env.settings import EnvConfig
 from torchbeast_hydra.run import checkpoint
 
-from conftest import TINY, rows, run_cli, start_cli, steps, wait_for
+from helpers import TINY, rows, run_cli, start_cli, steps, wait_for
 
 pytestmark = pytest.mark.slow
 

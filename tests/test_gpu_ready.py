@@ -21,7 +21,7 @@ from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning import accel
 from torchbeast_hydra.run import checkpoint, devices
 
-from conftest import TINY, compose_config, run_cli
+from helpers import TINY, compose_config, run_cli
 
 STAND_INS = Path(__file__).resolve().parent / "cuda_stand_ins"
 LSTM2 = ["model.use_lstm=true", "model.lstm_layers=2"]
@@ -29,7 +29,7 @@ LSTM2 = ["model.use_lstm=true", "model.lstm_layers=2"]
 
 def stand_in_env(**variables: str) -> dict:
     """The CLI's environment with the stand-ins importable (and sitecustomize run) in every process."""
-    from conftest import cli_env
+    from helpers import cli_env
 
     path = os.pathsep.join(p for p in (str(STAND_INS), os.environ.get("PYTHONPATH")) if p)
     return cli_env(PYTHONPATH=path, **variables)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from torchbeast_hydra.__main__ import CONFIG_DIR
 
-from conftest import REPO, cli_env
+from helpers import REPO, cli_env
 
 
 def test_help_page(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY, cli_env
+from helpers import REPO, TINY, cli_env
 
 # What the wheel is built from (a copy, so the build leaves nothing in the checkout).
 SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "conf", "torchbeast_hydra", "hydra_plugins"]

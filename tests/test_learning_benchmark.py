@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from conftest import REPO
+from helpers import REPO
 
 BENCHMARKS = REPO / "benchmarks"
 

@@ -11,7 +11,7 @@ import yaml
 
 from torchbeast_hydra.run import checkpoint
 
-from conftest import TINY, actor_pids, rows, run_cli, start_cli, steps, wait_for
+from helpers import TINY, actor_pids, rows, run_cli, start_cli, steps, wait_for
 
 pytestmark = pytest.mark.slow  # end-to-end runs; `make test-fast` leaves them out
 

@@ -23,7 +23,7 @@ from torchbeast_hydra.env.vector import Environments
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.run import checkpoint
 
-from conftest import SMALL, cli_env, compose_config, rows, run_cli
+from helpers import SMALL, cli_env, compose_config, rows, run_cli
 from structured_envs import KEPT, SPACE
 
 STRUCTURED = EnvConfig(id="Structured-v0", imports=["structured_envs"], obs_keys=KEPT)

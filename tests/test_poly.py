@@ -13,7 +13,7 @@ from torchbeast_hydra.backends.poly import wire
 from torchbeast_hydra.env.spaces import EnvSpec
 from torchbeast_hydra.run import checkpoint
 
-from conftest import TINY, actor_pids, cli_env, rows, run_cli, start_cli, steps, wait_for
+from helpers import TINY, actor_pids, cli_env, rows, run_cli, start_cli, steps, wait_for
 
 POLY_TINY = [*TINY, "backend=poly"]
 TOKEN = "test-token-123"

@@ -16,7 +16,7 @@ from test_sweeps import JOB, check_job_dirs, job_dir_name
 
 from torchbeast_hydra.run import checkpoint
 
-from conftest import REPO, rows, run_sweep, steps, wait_for
+from helpers import REPO, rows, run_sweep, steps, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from torchbeast_hydra.run import checkpoint
 from torchbeast_hydra.run.launch import RecordSweepOverrides, job_subdir
 
-from conftest import REPO, rows, run_sweep, steps
+from helpers import REPO, rows, run_sweep, steps
 
 # A sweep job: tiny CartPole (plus total_steps, a few thousand).
 JOB = [

@@ -8,7 +8,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from torchbeast_hydra.logs.tensorboard_log import TensorboardLog
 
-from conftest import TINY, rows, run_cli
+from helpers import TINY, rows, run_cli
 
 
 def scalars(log_dir):

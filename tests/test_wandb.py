@@ -18,7 +18,7 @@ from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.logs import wandb_log
 from torchbeast_hydra.logs.wandb_log import WandbLog, numeric_fields, resolve_mode, run_id_for
 
-from conftest import TINY, cli_env, compose_config, run_cli, sweep_job_dir
+from helpers import TINY, cli_env, compose_config, run_cli, sweep_job_dir
 from wandb_records import offline_runs
 
 OFFLINE = [*TINY, "logger.wandb.mode=offline"]
