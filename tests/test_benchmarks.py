@@ -3,12 +3,11 @@ pipeline mode (no env, no model) runs end to end."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
-from helpers import REPO, cli_env
+from helpers import REPO, run_command
 
 BENCHMARKS = REPO / "benchmarks"
 
@@ -135,19 +134,8 @@ def test_scaling_shows_a_dash_for_what_the_backend_does_not_log(throughput, monk
 
 @pytest.mark.slow
 def test_pipeline_mode_runs(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(BENCHMARKS / "throughput.py"),
-            "pipeline",
-            *("--clients", "1", "--envs", "4", "--warmup", "1", "--seconds", "2"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env=cli_env(),
-    )
+    pipeline = ["pipeline", "--clients", "1", "--envs", "4", "--warmup", "1", "--seconds", "2"]
+    result = run_command([sys.executable, BENCHMARKS / "throughput.py", *pipeline], timeout=60)
     assert result.returncode == 0, result.stderr
     row = result.stdout.splitlines()[-1].split()
     assert row[:2] == ["1", "4"]

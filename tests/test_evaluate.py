@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-
 import numpy as np
 import pytest
 import torch
@@ -12,7 +10,7 @@ from torchbeast_hydra.env.settings import EnvConfig
 from torchbeast_hydra.env.vector import Environments
 from torchbeast_hydra.run.evaluate import _append_row, eval_env_config, play
 
-from helpers import cli_env, compose_config, run_cli
+from helpers import cli_env, compose_config, csv_dicts, run_cli
 
 
 class FixedPolicy(torch.nn.Module):
@@ -76,8 +74,7 @@ def test_eval_csv_keeps_old_rows_when_columns_are_added(tmp_path):
     path = tmp_path / "eval.csv"
     _append_row(path, dict(step=1, mean_return=2.0))
     _append_row(path, dict(step=2, mean_return=3.0, sticky_action_prob=0.25))
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = csv_dicts(path)
     assert [row["step"] for row in rows] == ["1", "2"]
     assert rows[0]["sticky_action_prob"] == "" and rows[1]["sticky_action_prob"] == "0.25"
 
@@ -93,8 +90,7 @@ def test_test_mode_writes_into_its_own_run_dir(tiny_run, tmp_path):
     result = run_cli(test_dir, "experiment=cartpole", "mode=test", f"load_dir={tiny_run}", "test.num_episodes=2")
     assert snapshot(tiny_run) == before, "the trained run's dir is only read"
     assert (test_dir / "trained_run").resolve() == tiny_run.resolve()
-    with open(test_dir / "eval.csv", newline="") as f:
-        (row,) = list(csv.DictReader(f))
+    (row,) = csv_dicts(test_dir / "eval.csv")
     assert int(row["episodes"]) == 2 and float(row["std_return"]) >= 0
     assert row["max_episode_steps"] == "27000" and row["greedy"] == "True"
     assert row["trained_run"] == str(tiny_run.resolve())
@@ -107,8 +103,7 @@ def test_test_mode_writes_into_its_own_run_dir(tiny_run, tmp_path):
 
 def test_test_mode_started_in_a_trained_run_dir_plays_it(tiny_run):
     run_cli(tiny_run, "experiment=cartpole", "mode=test", "test.num_episodes=1")
-    with open(tiny_run / "eval.csv", newline="") as f:
-        (row,) = list(csv.DictReader(f))
+    (row,) = csv_dicts(tiny_run / "eval.csv")
     assert int(row["episodes"]) == 1 and not (tiny_run / "trained_run").exists()
 
 

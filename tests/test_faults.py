@@ -16,7 +16,7 @@ from torchbeast_hydra.backends.poly.client import EnvClient
 from torchbeast_hydra.env.settings import EnvConfig
 from torchbeast_hydra.run import checkpoint
 
-from helpers import TINY, rows, run_cli, start_cli, steps, wait_for
+from helpers import TINY, cli_env, rows, run_cli, start_cli, steps, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -103,16 +103,22 @@ def test_non_finite_updates_stop_the_run_when_asked_with_finite_weights_saved(tm
 
 
 POLY = [*TINY, "backend=poly"]
-TOKEN = dict(TORCHBEAST_TOKEN="fault-token")
+TOKEN = "fault-token"
+WITH_TOKEN = cli_env(TORCHBEAST_TOKEN=TOKEN)  # the poly processes' environment
 
 
 def test_clients_wait_through_a_learner_restart_and_training_resumes(tmp_path):
     run_dir = tmp_path / "learner"
     address = f"file:{run_dir / 'actorpool_address'}"
     clients = start_cli(
-        tmp_path / "env", *POLY, "backend.role=env", f"backend.address={address}", "backend.num_actors=1", env=TOKEN
+        tmp_path / "env",
+        *POLY,
+        "backend.role=env",
+        f"backend.address={address}",
+        "backend.num_actors=1",
+        env=WITH_TOKEN,
     )
-    learner = start_cli(run_dir, *POLY, "total_steps=200000", "backend.role=learner", env=TOKEN)
+    learner = start_cli(run_dir, *POLY, "total_steps=200000", "backend.role=learner", env=WITH_TOKEN)
     try:
         wait_for(lambda: (run_dir / "logs.csv").exists() and len(rows(run_dir)) >= 3, 60, "training")
         learner.send_signal(signal.SIGTERM)  # e.g. preempted: it checkpoints and stops
@@ -120,7 +126,7 @@ def test_clients_wait_through_a_learner_restart_and_training_resumes(tmp_path):
         stopped_at = checkpoint.load(checkpoint.path_in(run_dir))["step"]
         time.sleep(2)
         assert clients.poll() is None, "clients must wait for the learner, not exit"
-        learner = start_cli(run_dir, *POLY, "total_steps=12000", "backend.role=learner", env=TOKEN)
+        learner = start_cli(run_dir, *POLY, "total_steps=12000", "backend.role=learner", env=WITH_TOKEN)
         learner_output, _ = learner.communicate(timeout=120)
         client_output, _ = clients.communicate(timeout=60)
     finally:
@@ -150,7 +156,7 @@ def test_64_concurrent_clients_train_steadily_with_flat_memory(tmp_path):
         "backend.role=learner",
         "backend.address=127.0.0.1:0",
         "backend.max_clients=64",
-        env=TOKEN,
+        env=WITH_TOKEN,
     )
     clients = []
     try:
@@ -161,7 +167,7 @@ def test_64_concurrent_clients_train_steadily_with_flat_memory(tmp_path):
             client = EnvClient(
                 env_cfg,
                 f"file:{address_file}",
-                TOKEN["TORCHBEAST_TOKEN"],
+                TOKEN,
                 num_envs=1,
                 connect_timeout_s=30,
                 max_message_bytes=1 << 20,

@@ -3,13 +3,9 @@ steps to a target counted on full windows only, the table, and the curve with it
 
 from __future__ import annotations
 
-import csv
-import json
-
 import pytest
-import yaml
 
-from helpers import REPO
+from helpers import REPO, write_run
 
 BENCHMARKS = REPO / "benchmarks"
 
@@ -20,19 +16,6 @@ def learning(monkeypatch):
     import learning
 
     return learning
-
-
-def write_run(run_dir, backend, returns_per_update, steps_per_update=1000, seconds_per_update=2.0):
-    """A run dir as training leaves it, with one logs.csv row per update."""
-    (run_dir / ".hydra").mkdir(parents=True)
-    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(dict(seed=1, backend=dict(name=backend))))
-    with open(run_dir / "logs.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, ["step", "time_s", "episode_returns"])
-        writer.writeheader()
-        for i, returns in enumerate(returns_per_update, start=1):
-            writer.writerow(
-                dict(step=i * steps_per_update, time_s=i * seconds_per_update, episode_returns=json.dumps(returns))
-            )
 
 
 def rows_of(returns_per_update):
@@ -66,7 +49,8 @@ def test_the_moving_mean_starts_after_ten_games_and_spans_the_last_hundred(learn
 @pytest.mark.parametrize("task, reference_in_legend", [("minigrid", False), ("nethack", True)])
 def test_from_runs_writes_the_table_and_the_curve(learning, tmp_path, monkeypatch, capsys, task, reference_in_legend):
     # Returns near 50: NetHack's 971 is far above them, MiniGrid's 0.9 far below.
-    write_run(tmp_path / "a", "poly", [[40.0 + i % 20] * 5 for i in range(40)])
+    updates = [(1000 * (i + 1), [40.0 + i % 20] * 5, 0.0) for i in range(40)]  # 2 s per update of 1,000 steps
+    write_run(tmp_path / "a", [], 1, updates, config=dict(backend=dict(name="poly")), steps_per_s=500)
     drawn = {}
     monkeypatch.setattr(learning, "plot", lambda *args: drawn.update(args=args))
     monkeypatch.setattr("sys.argv", ["learning.py", task, "--from-runs", str(tmp_path / "a"), "--out", str(tmp_path)])

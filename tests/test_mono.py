@@ -1,6 +1,5 @@
 """End-to-end runs of the mono backend through the CLI, on tiny CartPole and Pong configs."""
 
-import csv
 import os
 import signal
 from pathlib import Path
@@ -11,7 +10,7 @@ import yaml
 
 from torchbeast_hydra.run import checkpoint
 
-from helpers import TINY, actor_pids, rows, run_cli, start_cli, steps, wait_for
+from helpers import TINY, actor_pids, csv_dicts, rows, run_cli, start_cli, steps, wait_for
 
 pytestmark = pytest.mark.slow  # end-to-end runs; `make test-fast` leaves them out
 
@@ -169,8 +168,7 @@ def test_test_mode_plays_the_checkpoint(tiny_run, tmp_path):
         tmp_path / "eval", "experiment=cartpole", "mode=test", f"load_dir={tiny_run}", "test.num_episodes=3"
     )
     assert "Mean return over 3 episodes" in result.stdout
-    with open(tmp_path / "eval" / "eval.csv", newline="") as f:
-        (row,) = list(csv.DictReader(f))
+    (row,) = csv_dicts(tmp_path / "eval" / "eval.csv")
     assert int(row["episodes"]) == 3 and float(row["mean_return"]) > 0
 
 

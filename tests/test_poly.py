@@ -106,7 +106,7 @@ def step(num_envs=1, frame_shape=(4,), last_action=0, frame_dtype=np.float32):
 def test_learner_and_env_processes_with_hostile_clients(tmp_path):
     # The env process starts first and finds the learner through its address file (as array
     # jobs on a shared filesystem would); the learner picks a free port.
-    env = dict(TORCHBEAST_TOKEN=TOKEN)
+    env = cli_env(TORCHBEAST_TOKEN=TOKEN)
     run_dir = tmp_path / "learner"
     clients = start_cli(
         tmp_path / "env",
@@ -163,7 +163,7 @@ def test_role_learner_without_a_token_fails_clearly(tmp_path):
 
 def test_env_client_with_a_wrong_token_is_refused(tmp_path):
     port = free_port()
-    env = dict(TORCHBEAST_TOKEN=TOKEN)
+    env = cli_env(TORCHBEAST_TOKEN=TOKEN)
     learner = start_cli(
         tmp_path / "learner", *POLY_TINY, "backend.role=learner", f"backend.address=127.0.0.1:{port}", env=env
     )
