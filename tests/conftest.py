@@ -1,14 +1,153 @@
-"""Fixtures and hooks (the helpers tests import are in tests/helpers.py)."""
+"""Fixtures and hooks (the helpers tests import are in tests/helpers.py).
+
+Tests state their cost: every test that starts the CLI or a training process is marked `slow`,
+so that `make test-fast` (`-m "not slow and not slurm"`) runs none. Two layers see to it:
+
+1. At collection, a test is marked slow when its code, a fixture it uses (through any chain of
+   fixtures), or a function of tests/ that any of these calls reaches a helper decorated
+   @starts_cli (run_cli, start_cli, run_sweep, cli_argv). So a test that trains through
+   `tiny_run`, or through a helper of its own that calls run_cli, needs no mark of its own.
+2. At run time, in a test that is not marked slow, starting a process that runs the CLI (by any
+   command line: `-m torchbeast_hydra`, torchbeast_hydra.__main__, the torchbeast-hydra script, a
+   hydra.run.dir or hydra.sweep.dir override, a benchmarks/ script) or any multiprocessing
+   process (how the backends start actors and env clients, in process too) fails the test:
+   "... mark it slow". This catches what layer 1 cannot see (a command line built by hand, a
+   starter reached through an object), so a missed case fails the fast tier instead of slowing it.
+"""
 
 from __future__ import annotations
 
+import inspect
+import multiprocessing.process
 import os
+import re
 import shutil
 import subprocess
 
 import pytest
 
-from helpers import REPO, TINY, run_cli
+import helpers
+from helpers import REPO, TESTS, TINY, run_cli
+
+# -- layer 1: mark slow at collection what reaches a @starts_cli helper --------------------------------
+
+
+def _code_objects(code):
+    """code and the code of the functions and lambdas defined in it."""
+    yield code
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            yield from _code_objects(const)
+
+
+def _is_test_function(obj) -> bool:
+    """A function defined under tests/ (the only code the search follows: not the package's)."""
+    code = getattr(obj, "__code__", None)
+    return inspect.isfunction(obj) and code is not None and code.co_filename.startswith(str(TESTS))
+
+
+def _closure_values(function) -> dict:
+    values = {}
+    for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
+        try:
+            values[name] = cell.cell_contents
+        except ValueError:  # the enclosing function has not assigned it yet
+            pass
+    return values
+
+
+def _reaches_the_cli(function, seen: set) -> bool:
+    if not _is_test_function(function) or function.__code__ in seen:
+        return False
+    seen.add(function.__code__)
+    closure = _closure_values(function)
+    for code in _code_objects(function.__code__):
+        for name in (*code.co_names, *code.co_freevars):
+            # Attribute names (helpers.run_cli) are looked up in helpers too.
+            obj = closure.get(name, function.__globals__.get(name, getattr(helpers, name, None)))
+            if inspect.isfunction(obj) and (getattr(obj, "starts_cli", False) or _reaches_the_cli(obj, seen)):
+                return True
+    return False
+
+
+def starts_the_cli(item) -> bool:
+    """Whether the test, a fixture it uses, or what they call reaches a @starts_cli helper."""
+    fixtures = [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
+    seen = set()
+    return any(_reaches_the_cli(inspect.unwrap(f), seen) for f in (item.function, *fixtures))
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the mark must be there when it looks
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if isinstance(item, pytest.Function) and not item.get_closest_marker("slow") and starts_the_cli(item):
+            item.add_marker(pytest.mark.slow)
+
+
+# -- layer 2: at run time, a test not marked slow may not start the CLI or a process -----------------
+
+# A command line that runs the CLI, however it was built.
+CLI_COMMAND = re.compile(
+    r"-m torchbeast_hydra( |$)|torchbeast_hydra\.__main__|torchbeast-hydra|hydra\.(run|sweep)\.dir=|benchmarks/"
+)
+_running = None  # the test item whose setup, call or teardown is running
+
+
+def _refuse_in_the_fast_tier(what: str):
+    if _running is not None and not _running.get_closest_marker("slow"):
+        pytest.fail(
+            f"{_running.nodeid} {what}: mark it slow (@pytest.mark.slow), or start it through a "
+            "@starts_cli helper of tests/helpers.py, which marks it so (see tests/conftest.py)",
+            pytrace=False,
+        )
+
+
+def _guarded_popen_init(init):
+    def guarded(self, args, *rest, **kwargs):
+        command = args if isinstance(args, (str, bytes, os.PathLike)) else " ".join(map(str, args))
+        if CLI_COMMAND.search(str(command)):
+            _refuse_in_the_fast_tier(f"starts the CLI ({command})")
+        init(self, args, *rest, **kwargs)
+
+    return guarded
+
+
+def _guarded_process_start(start):
+    def guarded(self):
+        _refuse_in_the_fast_tier(f"starts a process ({self.name}), as training starts its actors and env clients")
+        start(self)
+
+    return guarded
+
+
+_ORIGINALS = {
+    (subprocess.Popen, "__init__"): subprocess.Popen.__init__,
+    (multiprocessing.process.BaseProcess, "start"): multiprocessing.process.BaseProcess.start,
+}
+
+
+def pytest_configure(config):
+    subprocess.Popen.__init__ = _guarded_popen_init(subprocess.Popen.__init__)
+    multiprocessing.process.BaseProcess.start = _guarded_process_start(multiprocessing.process.BaseProcess.start)
+
+
+def pytest_unconfigure(config):
+    for (owner, name), original in _ORIGINALS.items():
+        setattr(owner, name, original)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    # The whole protocol: a module-scoped fixture that trains does so in its first user's setup.
+    global _running
+    _running = item
+    try:
+        return (yield)
+    finally:
+        _running = None
+
+
+# -- fixtures ------------------------------------------------------------------------------------------
 
 
 @pytest.fixture
