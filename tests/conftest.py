@@ -150,12 +150,21 @@ def pytest_runtest_protocol(item, nextitem):
 # -- fixtures ------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def tiny_run(tmp_path):
-    """A finished tiny CartPole run; returns its run dir."""
-    run_dir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A finished tiny CartPole run (its run dir), trained once per module: tests only read it.
+
+    A test that resumes it, corrupts it or plays it in place takes tiny_run_copy instead.
+    """
+    run_dir = tmp_path_factory.mktemp("tiny") / "run"
     run_cli(run_dir, *TINY)
     return run_dir
+
+
+@pytest.fixture
+def tiny_run_copy(tiny_run, tmp_path):
+    """The test's own copy of tiny_run, to change as it likes."""
+    return shutil.copytree(tiny_run, tmp_path / "run")
 
 
 def _cluster_up() -> bool:

@@ -101,10 +101,10 @@ def test_test_mode_writes_into_its_own_run_dir(tiny_run, tmp_path):
     assert summary in log and str(tiny_run.resolve()) in log
 
 
-def test_test_mode_started_in_a_trained_run_dir_plays_it(tiny_run):
-    run_cli(tiny_run, "experiment=cartpole", "mode=test", "test.num_episodes=1")
-    (row,) = csv_dicts(tiny_run / "eval.csv")
-    assert int(row["episodes"]) == 1 and not (tiny_run / "trained_run").exists()
+def test_test_mode_started_in_a_trained_run_dir_plays_it(tiny_run_copy):
+    run_cli(tiny_run_copy, "experiment=cartpole", "mode=test", "test.num_episodes=1")
+    (row,) = csv_dicts(tiny_run_copy / "eval.csv")
+    assert int(row["episodes"]) == 1 and not (tiny_run_copy / "trained_run").exists()
 
 
 def test_test_mode_without_a_trained_run_says_to_set_load_dir(tmp_path):

@@ -4,6 +4,7 @@ No test touches the network: the CLI runs with no credentials and `logger.wandb.
 except the failure test, which points wandb at a closed port on this machine.
 """
 
+import shutil
 import socket
 import threading
 import time
@@ -74,8 +75,8 @@ def test_offline_run_logs_every_csv_field_against_step_with_the_config(offline_r
 
 
 @pytest.mark.slow
-def test_resume_continues_the_same_wandb_run(offline_run):
-    run_dir, _ = offline_run
+def test_resume_continues_the_same_wandb_run(offline_run, tmp_path):
+    run_dir = shutil.copytree(offline_run[0], tmp_path / "run")  # the module's run stays as it finished
     run_id = (run_dir / "wandb_run_id").read_text().strip()
     run_cli(run_dir, *OFFLINE, "seed=3", "total_steps=3840")
     runs = offline_runs(run_dir)
