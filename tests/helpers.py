@@ -111,8 +111,9 @@ def run_command(argv, *, timeout: float, check: bool = False, env: dict | None =
     return result
 
 
-def run_dir_override(run_dir, multirun: bool) -> str:
-    return f"hydra.sweep.dir={run_dir}" if multirun else f"hydra.run.dir={run_dir}"
+def run_dir_args(run_dir, multirun: bool) -> list[str]:
+    """The CLI's arguments that put its run dir (with multirun: -m, its sweep dir) at run_dir."""
+    return ["-m", f"hydra.sweep.dir={run_dir}"] if multirun else [f"hydra.run.dir={run_dir}"]
 
 
 @starts_cli
@@ -129,8 +130,8 @@ def run_cli(
 
     multirun: `-m`, with run_dir as the sweep dir. env: the whole environment (default cli_env()).
     """
-    args = [*(["-m"] if multirun else []), run_dir_override(run_dir, multirun), *overrides]
-    return run_command(cli_argv(*args, prelude=prelude), timeout=timeout, check=check, env=env)
+    argv = cli_argv(*run_dir_args(run_dir, multirun), *overrides, prelude=prelude)
+    return run_command(argv, timeout=timeout, check=check, env=env)
 
 
 @starts_cli
@@ -146,9 +147,8 @@ def start_cli(run_dir: Path, *overrides: str, env: dict | None = None, multirun:
 
     env: the whole environment (default cli_env()).
     """
-    args = [*(["-m"] if multirun else []), run_dir_override(run_dir, multirun), *overrides]
     return subprocess.Popen(
-        cli_argv(*args),
+        cli_argv(*run_dir_args(run_dir, multirun), *overrides),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
