@@ -46,7 +46,7 @@ def test_learner_killed_mid_run_resumes_from_its_last_checkpoint_with_continuous
 
 SLOW_SAVE = """
 import sys, time, torch
-from torchbeast_hydra import checkpoint
+from torchbeast_hydra.run import checkpoint
 real_save = torch.save
 def slow_save(obj, f, *args, **kwargs):
     f.write(b"partial bytes of a checkpoint")
