@@ -5,7 +5,7 @@ so that `make test-fast` (`-m "not slow and not slurm"`) runs none. Two layers s
 
 1. At collection, a test is marked slow when its code, a fixture it uses (through any chain of
    fixtures), or a function of tests/ that any of these calls reaches a helper decorated
-   @starts_cli (run_cli, start_cli, run_sweep, cli_argv). So a test that trains through
+   @starts_cli (run_cli, start_cli, run_sweep, cli_argv, ...). So a test that trains through
    `tiny_run`, or through a helper of its own that calls run_cli, needs no mark of its own.
 2. At run time, in a test that is not marked slow, starting a process that runs the CLI (by any
    command line: `-m torchbeast_hydra`, torchbeast_hydra.__main__, the torchbeast-hydra script, a

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import importlib
 import json
 import os
 import queue
@@ -34,6 +35,7 @@ from torchbeast_hydra.logs.metrics import CSV_FIELDS, read_rows
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
+BENCHMARKS = REPO / "benchmarks"
 
 # Small enough for any env to train a few updates in seconds: add the env and total_steps.
 SMALL = [
@@ -157,10 +159,26 @@ def start_cli(run_dir: Path, *overrides: str, env: dict | None = None, multirun:
     )
 
 
+@starts_cli
+def start_env_process(run_dir: Path, learner_dir: Path, *overrides: str, env: dict):
+    """Starts a poly env process (one client) that finds its learner through learner_dir's address file,
+    as array jobs on a shared filesystem do. env: with the learner's TORCHBEAST_TOKEN."""
+    address = f"file:{learner_dir / 'actorpool_address'}"
+    return start_cli(
+        run_dir, *overrides, "backend.role=env", f"backend.address={address}", "backend.num_actors=1", env=env
+    )
+
+
 def sweep_job_dir(sweep: Path, *overrides: str) -> Path:
     """The one job dir of a sweep whose overrides include these (job dirs are named by overrides)."""
     (match,) = [d for d in sweep.iterdir() if d.is_dir() and set(overrides) <= set(d.name.split(","))]
     return match
+
+
+def import_benchmark(monkeypatch, name: str):
+    """benchmarks/NAME.py as a module, imported as the scripts import each other (benchmarks/ on sys.path)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module(name)
 
 
 # -- processes ---------------------------------------------------------------------------------------

@@ -7,17 +7,12 @@ import sys
 
 import pytest
 
-from helpers import REPO, run_command
-
-BENCHMARKS = REPO / "benchmarks"
+from helpers import BENCHMARKS, import_benchmark, run_command
 
 
 @pytest.fixture
 def throughput(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import throughput
-
-    return throughput
+    return import_benchmark(monkeypatch, "throughput")
 
 
 def test_train_is_the_default_mode(throughput):
@@ -80,8 +75,7 @@ def test_breakdown_takes_monos_own_env_and_inference_costs(throughput):
 
 
 def test_one_core_costs_time_the_models_forward_and_a_learner_update(throughput, monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    from _common import composed
+    composed = import_benchmark(monkeypatch, "_common").composed
 
     cfg = composed(["env=cartpole", "batch_size=4", "unroll_length=8"])
     assert throughput.acting_batch(cfg) >= 1 and cfg.backend.envs_per_actor == 0  # auto-sized, as the run sizes it

@@ -16,7 +16,7 @@ from torchbeast_hydra.backends.poly.client import EnvClient
 from torchbeast_hydra.env.settings import EnvConfig
 from torchbeast_hydra.run import checkpoint
 
-from helpers import TINY, cli_env, rows, run_cli, start_cli, steps, wait_for
+from helpers import TINY, cli_env, rows, run_cli, start_cli, start_env_process, steps, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -109,15 +109,7 @@ WITH_TOKEN = cli_env(TORCHBEAST_TOKEN=TOKEN)  # the poly processes' environment
 
 def test_clients_wait_through_a_learner_restart_and_training_resumes(tmp_path):
     run_dir = tmp_path / "learner"
-    address = f"file:{run_dir / 'actorpool_address'}"
-    clients = start_cli(
-        tmp_path / "env",
-        *POLY,
-        "backend.role=env",
-        f"backend.address={address}",
-        "backend.num_actors=1",
-        env=WITH_TOKEN,
-    )
+    clients = start_env_process(tmp_path / "env", run_dir, *POLY, env=WITH_TOKEN)
     learner = start_cli(run_dir, *POLY, "total_steps=200000", "backend.role=learner", env=WITH_TOKEN)
     try:
         wait_for(lambda: (run_dir / "logs.csv").exists() and len(rows(run_dir)) >= 3, 60, "training")

@@ -5,17 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import REPO, write_run
-
-BENCHMARKS = REPO / "benchmarks"
+from helpers import import_benchmark, write_run
 
 
 @pytest.fixture
 def learning(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import learning
-
-    return learning
+    return import_benchmark(monkeypatch, "learning")
 
 
 def rows_of(returns_per_update):

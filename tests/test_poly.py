@@ -13,7 +13,7 @@ from torchbeast_hydra.backends.poly import wire
 from torchbeast_hydra.env.spaces import EnvSpec
 from torchbeast_hydra.run import checkpoint
 
-from helpers import TINY, actor_pids, cli_env, rows, run_cli, start_cli, steps, wait_for
+from helpers import TINY, actor_pids, cli_env, rows, run_cli, start_cli, start_env_process, steps, wait_for
 
 POLY_TINY = [*TINY, "backend=poly"]
 TOKEN = "test-token-123"
@@ -108,14 +108,7 @@ def test_learner_and_env_processes_with_hostile_clients(tmp_path):
     # jobs on a shared filesystem would); the learner picks a free port.
     env = cli_env(TORCHBEAST_TOKEN=TOKEN)
     run_dir = tmp_path / "learner"
-    clients = start_cli(
-        tmp_path / "env",
-        *POLY_TINY,
-        "backend.role=env",
-        f"backend.address=file:{run_dir / 'actorpool_address'}",
-        "backend.num_actors=1",
-        env=env,
-    )
+    clients = start_env_process(tmp_path / "env", run_dir, *POLY_TINY, env=env)
     learner = start_cli(run_dir, *POLY_TINY, "total_steps=12000", "backend.role=learner", env=env)
     try:
         wait_for(lambda: (run_dir / "logs.csv").exists() and len(rows(run_dir)) >= 1, 60, "training")
