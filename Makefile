@@ -27,7 +27,7 @@ train: setup  # with no ARGS: Pong with the defaults, and how long that takes on
 test: setup lint  # the whole suite (what CI runs), after the style checks
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-test-fast: setup lint  # the edit loop (about a minute): everything but end-to-end runs and SLURM
+test-fast: setup lint  # the edit loop (under 3 minutes on 2 cores): all but the tests marked slow or slurm
 	$(PY) -m pytest -q -m "not slow and not slurm" $(PYTEST_ARGS)
 
 lint: setup  # ruff, configured in pyproject.toml; `make format` fixes what it can

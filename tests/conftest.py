@@ -1,150 +1,170 @@
-"""Shared fixtures: compose configs in-process, and run the CLI in a subprocess."""
+"""Fixtures and hooks (the helpers tests import are in tests/helpers.py).
+
+Tests state their cost: every test that starts the CLI or a training process is marked `slow`,
+so that `make test-fast` (`-m "not slow and not slurm"`) runs none. Two layers see to it:
+
+1. At collection, a test is marked slow when its code, a fixture it uses (through any chain of
+   fixtures), or a function of tests/ that any of these calls reaches a helper decorated
+   @starts_cli (run_cli, start_cli, run_sweep, cli_argv, ...). So a test that trains through
+   `tiny_run`, or through a helper of its own that calls run_cli, needs no mark of its own.
+2. At run time, in a test that is not marked slow, starting a process that runs the CLI (by any
+   command line: `-m torchbeast_hydra`, torchbeast_hydra.__main__, the torchbeast-hydra script, a
+   hydra.run.dir or hydra.sweep.dir override, a benchmarks/ script) or any multiprocessing
+   process (how the backends start actors and env clients, in process too) fails the test:
+   "... mark it slow". This catches what layer 1 cannot see (a command line built by hand, a
+   starter reached through an object), so a missed case fails the fast tier instead of slowing it.
+"""
 
 from __future__ import annotations
 
+import inspect
+import multiprocessing.process
 import os
+import re
+import shutil
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
-from torchbeast_hydra.__main__ import CONFIG_DIR
-from torchbeast_hydra.logs.metrics import read_rows
+import helpers
+from helpers import REPO, TESTS, TINY, run_cli
 
-# Small enough for any env to train a few updates in seconds: add the env and total_steps.
-SMALL = [
-    "batch_size=4",
-    "unroll_length=16",
-    "backend.num_actors=2",
-    "backend.envs_per_actor=2",
-    "logger.log_interval_s=1",
-    "logger.wandb.mode=disabled",  # tests/test_wandb.py covers wandb
-]
-# A tiny but complete training run: CartPole with an MLP, two actors, a few updates.
-TINY = ["experiment=cartpole", "total_steps=2560", *SMALL]
+# -- layer 1: mark slow at collection what reaches a @starts_cli helper --------------------------------
 
 
-def compose_config(overrides=()):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides))
-    OmegaConf.set_readonly(cfg, False)
-    return cfg
+def _code_objects(code):
+    """code and the code of the functions and lambdas defined in it."""
+    yield code
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            yield from _code_objects(const)
 
 
-def cli_env(**extra: str | None) -> dict:
-    """The CLI's environment in tests: never real wandb credentials; wandb off unless asked.
-
-    extra: variables to set, or to remove (None).
-    """
-    env = {key: value for key, value in os.environ.items() if not key.startswith("WANDB_")}
-    env.update(HYDRA_FULL_ERROR="0", WANDB_MODE="disabled", NETRC=os.devnull)
-    env.update(extra)
-    return {key: value for key, value in env.items() if value is not None}
+def _is_test_function(obj) -> bool:
+    """A function defined under tests/ (the only code the search follows: not the package's)."""
+    code = getattr(obj, "__code__", None)
+    return inspect.isfunction(obj) and code is not None and code.co_filename.startswith(str(TESTS))
 
 
-def run_cli(
-    run_dir: Path,
-    *overrides: str,
-    timeout: float = 180,
-    check: bool = True,
-    env: dict | None = None,
-    multirun: bool = False,
-):
-    """Runs `python -m torchbeast_hydra` with its run dir at run_dir; returns the CompletedProcess.
-
-    multirun: `-m`, with run_dir as the sweep dir.
-    """
-    dir_key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    command = [
-        sys.executable,
-        "-m",
-        "torchbeast_hydra",
-        *(["-m"] if multirun else []),
-        f"{dir_key}={run_dir}",
-        *overrides,
-    ]
-    result = subprocess.run(
-        command, capture_output=True, text=True, timeout=timeout, env=env if env is not None else cli_env()
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(f"{command} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
-    return result
+def _closure_values(function) -> dict:
+    values = {}
+    for name, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
+        try:
+            values[name] = cell.cell_contents
+        except ValueError:  # the enclosing function has not assigned it yet
+            pass
+    return values
 
 
-def sweep_job_dir(sweep: Path, *overrides: str) -> Path:
-    """The one job dir of a sweep whose overrides include these (job dirs are named by overrides)."""
-    (match,) = [d for d in sweep.iterdir() if d.is_dir() and set(overrides) <= set(d.name.split(","))]
-    return match
+def _reaches_the_cli(function, seen: set) -> bool:
+    if not _is_test_function(function) or function.__code__ in seen:
+        return False
+    seen.add(function.__code__)
+    closure = _closure_values(function)
+    for code in _code_objects(function.__code__):
+        for name in (*code.co_names, *code.co_freevars):
+            # Attribute names (helpers.run_cli) are looked up in helpers too.
+            obj = closure.get(name, function.__globals__.get(name, getattr(helpers, name, None)))
+            if inspect.isfunction(obj) and (getattr(obj, "starts_cli", False) or _reaches_the_cli(obj, seen)):
+                return True
+    return False
 
 
-def rows(run_dir):
-    """logs.csv's rows, read as everything else reads them (numbers parsed, blanks None)."""
-    return read_rows(run_dir)
+def starts_the_cli(item) -> bool:
+    """Whether the test, a fixture it uses, or what they call reaches a @starts_cli helper."""
+    fixtures = [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
+    seen = set()
+    return any(_reaches_the_cli(inspect.unwrap(f), seen) for f in (item.function, *fixtures))
 
 
-def steps(run_dir):
-    return [int(row["step"]) for row in rows(run_dir)]
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: the mark must be there when it looks
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if isinstance(item, pytest.Function) and not item.get_closest_marker("slow") and starts_the_cli(item):
+            item.add_marker(pytest.mark.slow)
 
 
-def children(pid):
-    """Live child processes of pid (actors, and multiprocessing's helpers)."""
+# -- layer 2: at run time, a test not marked slow may not start the CLI or a process -----------------
+
+# A command line that runs the CLI, however it was built.
+CLI_COMMAND = re.compile(
+    r"-m torchbeast_hydra( |$)|torchbeast_hydra\.__main__|torchbeast-hydra|hydra\.(run|sweep)\.dir=|benchmarks/"
+)
+_running = None  # the test item whose setup, call or teardown is running
+
+
+def _refuse_in_the_fast_tier(what: str):
+    if _running is not None and not _running.get_closest_marker("slow"):
+        pytest.fail(
+            f"{_running.nodeid} {what}: mark it slow (@pytest.mark.slow), or start it through a "
+            "@starts_cli helper of tests/helpers.py, which marks it so (see tests/conftest.py)",
+            pytrace=False,
+        )
+
+
+def _guarded_popen_init(init):
+    def guarded(self, args, *rest, **kwargs):
+        command = args if isinstance(args, (str, bytes, os.PathLike)) else " ".join(map(str, args))
+        if CLI_COMMAND.search(str(command)):
+            _refuse_in_the_fast_tier(f"starts the CLI ({command})")
+        init(self, args, *rest, **kwargs)
+
+    return guarded
+
+
+def _guarded_process_start(start):
+    def guarded(self):
+        _refuse_in_the_fast_tier(f"starts a process ({self.name}), as training starts its actors and env clients")
+        start(self)
+
+    return guarded
+
+
+_ORIGINALS = {
+    (subprocess.Popen, "__init__"): subprocess.Popen.__init__,
+    (multiprocessing.process.BaseProcess, "start"): multiprocessing.process.BaseProcess.start,
+}
+
+
+def pytest_configure(config):
+    subprocess.Popen.__init__ = _guarded_popen_init(subprocess.Popen.__init__)
+    multiprocessing.process.BaseProcess.start = _guarded_process_start(multiprocessing.process.BaseProcess.start)
+
+
+def pytest_unconfigure(config):
+    for (owner, name), original in _ORIGINALS.items():
+        setattr(owner, name, original)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    # The whole protocol: a module-scoped fixture that trains does so in its first user's setup.
+    global _running
+    _running = item
     try:
-        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    except FileNotFoundError:
-        pytest.skip("pgrep is not available")
-    return [int(p) for p in out.split()]
+        return (yield)
+    finally:
+        _running = None
 
 
-def actor_pids(pid):
-    return [p for p in children(pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+# -- fixtures ------------------------------------------------------------------------------------------
 
 
-def wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A finished tiny CartPole run (its run dir), trained once per module: tests only read it.
 
-
-def start_cli(run_dir, *overrides, env=None):
-    """Starts `python -m torchbeast_hydra` in the background (output in .stdout).
-
-    env: variables to add to cli_env() (None removes one)."""
-    command = [sys.executable, "-m", "torchbeast_hydra", f"hydra.run.dir={run_dir}", *overrides]
-    return subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(**(env or {}))
-    )
-
-
-@pytest.fixture
-def tiny_run(tmp_path):
-    """A finished tiny CartPole run; returns its run dir."""
-    run_dir = tmp_path / "run"
+    A test that resumes it, corrupts it or plays it in place takes tiny_run_copy instead.
+    """
+    run_dir = tmp_path_factory.mktemp("tiny") / "run"
     run_cli(run_dir, *TINY)
     return run_dir
 
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def run_sweep(sweep_dir, *overrides, timeout: float, env=None):
-    """`python -m torchbeast_hydra -m ...` into sweep_dir, bounded in time; returns the CompletedProcess."""
-    command = [sys.executable, "-m", "torchbeast_hydra", "-m", f"hydra.sweep.dir={sweep_dir}", *overrides]
-    return subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        env=dict(os.environ if env is None else env, HYDRA_FULL_ERROR="0"),
-    )
+@pytest.fixture
+def tiny_run_copy(tiny_run, tmp_path):
+    """The test's own copy of tiny_run, to change as it likes."""
+    return shutil.copytree(tiny_run, tmp_path / "run")
 
 
 def _cluster_up() -> bool:
@@ -161,8 +181,6 @@ def slurm_cluster():
     Started (and its Debian packages installed, if missing) once per session, and stopped at the
     end unless it was already up before the tests. Skipped only where it cannot be had: not root,
     or no apt-get to install it with."""
-    import shutil
-
     installed = all(shutil.which(tool) for tool in ("slurmctld", "slurmd", "munged", "sbatch"))
     if os.geteuid() != 0:
         pytest.skip("the local SLURM cluster needs root (it starts munged, slurmctld and slurmd)")

@@ -2,19 +2,16 @@
 envs reward each action dimension that hits a target, so greedy play of a trained policy scores
 the best return, EPISODE. And a resume with another action space is refused, naming both."""
 
-import os
-
 import pytest
-from action_envs import EPISODE
 
 from torchbeast_hydra.run import checkpoint
 
-from conftest import REPO, cli_env, rows, run_cli
+from action_envs import EPISODE
+from helpers import TESTS, cli_env_with_path, rows, run_cli
 
 pytestmark = pytest.mark.slow
 
-TESTS = REPO / "tests"
-ENV = cli_env(PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS)]))
+ENV = cli_env_with_path(TESTS)
 BASE = ["experiment=cartpole", "env.imports=[action_envs]", "logger.wandb.mode=disabled", "logger.log_interval_s=1"]
 
 

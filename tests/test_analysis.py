@@ -1,11 +1,9 @@
 """Analysis: loading runs and sweeps, aggregating seeds, plots, the plot command and the notebook."""
 
-import csv
 import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -13,44 +11,15 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pytest
-import yaml
-from matplotlib.image import imread
 from nbclient import NotebookClient
 
 from torchbeast_hydra import analysis
 from torchbeast_hydra.logs import plots
-from torchbeast_hydra.logs.metrics import CSV_FIELDS
 
-from conftest import TINY, run_cli, sweep_job_dir
+from helpers import TINY, assert_real_image, csv_dicts, run_cli, run_command, sweep_job_dir, write_run
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "analysis.ipynb"
 PNGS = ["returns.png", "sps.png", "losses.png", "final_returns.png"]
-
-
-def write_run(run_dir, overrides, seed, rows, config=None, choices=None):
-    """A run dir as training leaves it: logs.csv and .hydra/{overrides,config,hydra}.yaml."""
-    (run_dir / ".hydra").mkdir(parents=True)
-    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
-    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(dict(seed=seed, **(config or {}))))
-    if choices is not None:
-        hydra = dict(hydra=dict(runtime=dict(choices={"hydra/launcher": "basic", **choices})))
-        (run_dir / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(hydra))
-    with open(run_dir / "logs.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, CSV_FIELDS, extrasaction="ignore")
-        writer.writeheader()
-        for step, returns, loss in rows:
-            writer.writerow(
-                dict(
-                    step=step,
-                    sps=100.0 + step / 10,
-                    episode_returns=json.dumps(returns),
-                    mean_episode_return=sum(returns) / len(returns) if returns else "",
-                    total_loss=loss,
-                    pg_loss=loss / 2,
-                    baseline_loss=loss / 4,
-                    entropy_loss=-0.1,
-                )
-            )
 
 
 # Episode returns per (learning rate, seed): three updates each, at steps 10, 20, 30.
@@ -161,11 +130,8 @@ def test_group_choices_are_read_from_the_runs_hydra_config(tmp_path):
 def test_plot_command_takes_several_dirs_and_reports_a_seed_sweep(tmp_path):
     for seed in (1, 2):
         write_run(tmp_path / f"run{seed}", [f"seed={seed}"], seed, [(10, [1.0], 0.5), (20, [2.0], 0.25)])
-    result = subprocess.run(
-        [sys.executable, "-m", "torchbeast_hydra.analysis", str(tmp_path / "run1"), str(tmp_path / "run2")],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_command(
+        [sys.executable, "-m", "torchbeast_hydra.analysis", tmp_path / "run1", tmp_path / "run2"], timeout=120
     )
     assert result.returncode == 0, result.stderr
     assert "2 runs in" in result.stdout and "swept: seed (aggregated)" in result.stdout
@@ -194,12 +160,6 @@ def test_plot_all_writes_images_and_table(synthetic_sweep, tmp_path):
         assert_real_image(tmp_path / "plots" / name)
 
 
-def assert_real_image(path):
-    image = imread(path)
-    assert image.shape[0] >= 300 and image.shape[1] >= 400, f"{path}: {image.shape}"
-    assert image[..., :3].std() > 0.05, f"{path} is blank"
-
-
 # A real sweep: two seeds of two learning rates, through the CLI.
 
 
@@ -211,10 +171,7 @@ def real_sweep(tmp_path_factory):
 
 
 def hand_final_return(run_dir, last_n):
-    returns = []
-    with open(run_dir / "logs.csv", newline="") as f:
-        for row in csv.DictReader(f):
-            returns.extend(json.loads(row["episode_returns"]))
+    returns = [r for row in csv_dicts(run_dir / "logs.csv") for r in json.loads(row["episode_returns"])]
     return sum(returns[-last_n:]) / len(returns[-last_n:])
 
 
@@ -264,19 +221,15 @@ def test_notebook_runs_headless_on_a_sweep_and_writes_its_plots(real_sweep, tmp_
 @pytest.mark.slow
 def test_plot_command_writes_the_plots_and_prints_the_table(real_sweep, tmp_path):
     out_dir = tmp_path / "cli"
-    result = subprocess.run(
-        [sys.executable, "-m", "torchbeast_hydra.analysis", str(real_sweep), "--out", str(out_dir), "--last-n", "20"],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    result = run_command(
+        [sys.executable, "-m", "torchbeast_hydra.analysis", real_sweep, "--out", out_dir, "--last-n", "20"], timeout=120
     )
     assert result.returncode == 0, result.stderr
     assert "4 runs" in result.stdout and "swept: optim.learning_rate, seed (seeds aggregated" in result.stdout
     assert "optim.learning_rate=0.001" in result.stdout
     for name in PNGS:
         assert_real_image(out_dir / name)
-    with open(out_dir / "final_returns.csv", newline="") as f:
-        table = {row["setting"]: float(row["mean"]) for row in csv.DictReader(f)}
+    table = {row["setting"]: float(row["mean"]) for row in csv_dicts(out_dir / "final_returns.csv")}
     expected = statistics.mean(
         hand_final_return(sweep_job_dir(real_sweep, f"seed={seed}", "optim.learning_rate=0.001"), 20) for seed in (1, 2)
     )
@@ -284,9 +237,7 @@ def test_plot_command_writes_the_plots_and_prints_the_table(real_sweep, tmp_path
 
 
 def test_plot_command_without_runs_fails_clearly(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "torchbeast_hydra.analysis", str(tmp_path)], capture_output=True, text=True, timeout=60
-    )
+    result = run_command([sys.executable, "-m", "torchbeast_hydra.analysis", tmp_path], timeout=60)
     assert result.returncode == 2 and "no runs" in result.stderr
 
 

@@ -3,22 +3,16 @@ pipeline mode (no env, no model) runs end to end."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, cli_env
-
-BENCHMARKS = REPO / "benchmarks"
+from helpers import BENCHMARKS, import_benchmark, run_command
 
 
 @pytest.fixture
 def throughput(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import throughput
-
-    return throughput
+    return import_benchmark(monkeypatch, "throughput")
 
 
 def test_train_is_the_default_mode(throughput):
@@ -81,8 +75,7 @@ def test_breakdown_takes_monos_own_env_and_inference_costs(throughput):
 
 
 def test_one_core_costs_time_the_models_forward_and_a_learner_update(throughput, monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    from _common import composed
+    composed = import_benchmark(monkeypatch, "_common").composed
 
     cfg = composed(["env=cartpole", "batch_size=4", "unroll_length=8"])
     assert throughput.acting_batch(cfg) >= 1 and cfg.backend.envs_per_actor == 0  # auto-sized, as the run sizes it
@@ -135,19 +128,8 @@ def test_scaling_shows_a_dash_for_what_the_backend_does_not_log(throughput, monk
 
 @pytest.mark.slow
 def test_pipeline_mode_runs(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(BENCHMARKS / "throughput.py"),
-            "pipeline",
-            *("--clients", "1", "--envs", "4", "--warmup", "1", "--seconds", "2"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env=cli_env(),
-    )
+    pipeline = ["pipeline", "--clients", "1", "--envs", "4", "--warmup", "1", "--seconds", "2"]
+    result = run_command([sys.executable, BENCHMARKS / "throughput.py", *pipeline], timeout=60)
     assert result.returncode == 0, result.stderr
     row = result.stdout.splitlines()[-1].split()
     assert row[:2] == ["1", "4"]

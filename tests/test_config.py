@@ -10,7 +10,7 @@ from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning.settings import OptimName
 from torchbeast_hydra.run.settings import to_plain_dict
 
-from conftest import compose_config, run_cli
+from helpers import compose_config, run_cli
 
 
 def test_defaults_are_the_ones_that_learn_pong():

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from torchbeast_hydra.__main__ import CONFIG_DIR
 
-from conftest import TINY, compose_config, run_cli
+from helpers import TINY, compose_config, run_cli
 
 CONF = Path(CONFIG_DIR)
 # Hydra's own groups extend Hydra's schemas; presets are checked against the composed config below.

@@ -11,7 +11,7 @@ from torchbeast_hydra.__main__ import CONFIG_DIR
 from torchbeast_hydra.config import check_overrides, validate
 from torchbeast_hydra.errors import ConfigError
 
-from conftest import TINY, compose_config, run_cli
+from helpers import TINY, compose_config, run_cli
 
 
 def compose_with(conf_dir, overrides):
@@ -178,3 +178,11 @@ def test_good_overrides_pass_the_check():
         CONFIG_DIR,
     )
     check_overrides(["-m", "env=pong,breakout", "seed=1,2", "model.use_lstm=true"], CONFIG_DIR)
+
+
+def test_options_of_ones_own_config_dir_pass_the_check(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "wide.yaml").write_text("defaults:\n  - base_mlp\n  - _self_\nhidden_sizes: [512]\n")
+    check_overrides(["--config-dir", str(tmp_path), "model=wide"], CONFIG_DIR)
+    check_overrides([f"--config-dir={tmp_path}", "model=wide"], CONFIG_DIR)
+    assert "did you mean model=wide?" in refusal("-cd", str(tmp_path), "model=wid")

@@ -23,7 +23,7 @@ from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.run import distributed
 from torchbeast_hydra.run.seeding import actor_seed, rank_seed
 
-from conftest import SMALL, cli_env, rows, run_cli, wait_for
+from helpers import SMALL, cli_env, rows, run_cli, wait_for
 
 UPDATES = 5
 
@@ -63,6 +63,7 @@ def _two_ranks(target, *args) -> list:
     return got
 
 
+@pytest.mark.slow  # two rank processes
 def test_ranks_hold_identical_weights_after_updates_on_their_own_batches():
     (_, weights0, alone0, losses0), (_, weights1, alone1, losses1) = _two_ranks(_train_on_own_batches)
     assert all(np.array_equal(a, b) for a, b in zip(weights0, weights1)), "the ranks' weights differ"
@@ -84,12 +85,14 @@ def _check_configs(rank: int, port: int, results, seeds) -> None:
     ranks.close()
 
 
+@pytest.mark.slow  # two rank processes
 def test_ranks_with_different_configs_are_refused():
     (_, error0), (_, error1) = _two_ranks(_check_configs, (1, 2))
     assert error0 and error1
     assert "seed: 2 on rank 1, 1 here" in error0 and "start every rank with the same overrides" in error0
 
 
+@pytest.mark.slow  # two rank processes
 def test_ranks_with_the_same_config_start():
     assert [error for _, error in _two_ranks(_check_configs, (3, 3))] == [None, None]
 

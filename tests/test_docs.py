@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import html
-import os
 import re
 import shutil
 import subprocess
@@ -16,14 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO, cli_env_with_path, run_command
 
 
 def build(config: Path, site: Path) -> subprocess.CompletedProcess:
     # PYTHONPATH: this checkout's package, whose schemas the reference is generated from.
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config), "-d", str(site)]
-    return subprocess.run(command, cwd=config.parent, capture_output=True, text=True, timeout=120, env=env)
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", config, "-d", site]
+    return run_command(command, timeout=120, env=cli_env_with_path(), cwd=config.parent)
 
 
 def table_rows(page: str) -> list[str]:

@@ -7,7 +7,7 @@ from torchbeast_hydra.env.make import _unknown_env_error, import_modules
 from torchbeast_hydra.env.spaces import probe_env
 from torchbeast_hydra.errors import ConfigError
 
-from conftest import REPO, SMALL, compose_config, rows, run_cli
+from helpers import REPO, SMALL, compose_config, rows, run_cli
 
 FAMILIES = {  # env option -> (the model it brings, its default id, the observation's leaves)
     "nethack": ("NetHackBody", "NetHackScore-v0", ("obs/blstats", "obs/glyphs")),

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-
 import numpy as np
 import pytest
 import torch
@@ -12,7 +10,7 @@ from torchbeast_hydra.env.settings import EnvConfig
 from torchbeast_hydra.env.vector import Environments
 from torchbeast_hydra.run.evaluate import _append_row, eval_env_config, play
 
-from conftest import cli_env, compose_config, run_cli
+from helpers import TINY, cli_env, compose_config, csv_dicts, run_cli, run_sweep
 
 
 class FixedPolicy(torch.nn.Module):
@@ -76,8 +74,7 @@ def test_eval_csv_keeps_old_rows_when_columns_are_added(tmp_path):
     path = tmp_path / "eval.csv"
     _append_row(path, dict(step=1, mean_return=2.0))
     _append_row(path, dict(step=2, mean_return=3.0, sticky_action_prob=0.25))
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = csv_dicts(path)
     assert [row["step"] for row in rows] == ["1", "2"]
     assert rows[0]["sticky_action_prob"] == "" and rows[1]["sticky_action_prob"] == "0.25"
 
@@ -93,8 +90,7 @@ def test_test_mode_writes_into_its_own_run_dir(tiny_run, tmp_path):
     result = run_cli(test_dir, "experiment=cartpole", "mode=test", f"load_dir={tiny_run}", "test.num_episodes=2")
     assert snapshot(tiny_run) == before, "the trained run's dir is only read"
     assert (test_dir / "trained_run").resolve() == tiny_run.resolve()
-    with open(test_dir / "eval.csv", newline="") as f:
-        (row,) = list(csv.DictReader(f))
+    (row,) = csv_dicts(test_dir / "eval.csv")
     assert int(row["episodes"]) == 2 and float(row["std_return"]) >= 0
     assert row["max_episode_steps"] == "27000" and row["greedy"] == "True"
     assert row["trained_run"] == str(tiny_run.resolve())
@@ -105,12 +101,11 @@ def test_test_mode_writes_into_its_own_run_dir(tiny_run, tmp_path):
     assert summary in log and str(tiny_run.resolve()) in log
 
 
-def test_test_mode_started_in_a_trained_run_dir_plays_it(tiny_run):
-    run_cli(tiny_run, "experiment=cartpole", "mode=test", "test.num_episodes=1")
-    with open(tiny_run / "eval.csv", newline="") as f:
-        final, test = list(csv.DictReader(f))  # training's final evaluation, then the test's
+def test_test_mode_started_in_a_trained_run_dir_plays_it(tiny_run_copy):
+    run_cli(tiny_run_copy, "experiment=cartpole", "mode=test", "test.num_episodes=1")
+    final, test = csv_dicts(tiny_run_copy / "eval.csv")  # training's final evaluation, then the test's
     assert final["final"] == "True" and test["final"] == ""
-    assert int(test["episodes"]) == 1 and not (tiny_run / "trained_run").exists()
+    assert int(test["episodes"]) == 1 and not (tiny_run_copy / "trained_run").exists()
 
 
 def test_test_mode_without_a_trained_run_says_to_set_load_dir(tmp_path):
@@ -148,8 +143,6 @@ def test_a_job_dir_of_a_sweep_is_a_load_dir_as_the_launcher_named_it():
 
 @pytest.mark.slow
 def test_test_mode_takes_a_job_dir_or_a_whole_sweep(tmp_path):
-    from conftest import TINY, run_sweep
-
     sweep = tmp_path / "sweep"
     assert run_sweep(sweep, *TINY, "seed=1,2", "eval.final=false", timeout=400).returncode == 0
     jobs = sorted(p.name for p in sweep.iterdir() if (p / "checkpoint.pt").exists())
@@ -159,10 +152,5 @@ def test_test_mode_takes_a_job_dir_or_a_whole_sweep(tmp_path):
     assert (tmp_path / "one" / "trained_run").resolve() == (sweep / "seed=1").resolve()
     run_cli(tmp_path / "all", *test, f"load_dir={sweep}")
     for job in jobs:
-        (row,) = read_csv(tmp_path / "all" / job / "eval.csv")
+        (row,) = csv_dicts(tmp_path / "all" / job / "eval.csv")
         assert row["trained_run"] == str((sweep / job).resolve()) and int(row["episodes"]) == 1
-
-
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))

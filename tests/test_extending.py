@@ -4,14 +4,12 @@ fails."""
 
 import re
 import shlex
-import subprocess
-import sys
 
 import pytest
 
 from torchbeast_hydra.run import checkpoint
 
-from conftest import REPO, SMALL, cli_env, rows
+from helpers import REPO, SMALL, cli_argv, cli_env_with_path, rows, run_command
 
 pytestmark = pytest.mark.slow
 
@@ -39,14 +37,9 @@ def run_in(directory, command: str, run_dir, *extra: str, check: bool = True):
     """A command line of the page, run from `directory` (where the user's files are), plus extra overrides."""
     argv = shlex.split(command)
     assert argv[:3] == ["python", "-m", "torchbeast_hydra"]
-    argv = [sys.executable, *argv[1:], f"hydra.run.dir={run_dir}", *extra]
     # PYTHONPATH: this checkout's package, as installed (the user's files come from the cwd).
-    result = subprocess.run(
-        argv, cwd=directory, capture_output=True, text=True, timeout=300, env=cli_env(PYTHONPATH=str(REPO))
-    )
-    if check:
-        assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
-    return result
+    argv = cli_argv(*argv[3:], f"hydra.run.dir={run_dir}", *extra)
+    return run_command(argv, timeout=300, check=check, env=cli_env_with_path(), cwd=directory)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from torchbeast_hydra.backends.poly.client import Connection, EnvClient
 from torchbeast_hydra.env.settings import EnvConfig
 from torchbeast_hydra.run import checkpoint
 
-from conftest import TINY, rows, run_cli, start_cli, steps, wait_for
+from helpers import TINY, cli_env, rows, run_cli, start_cli, start_env_process, steps, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -103,16 +103,14 @@ def test_non_finite_updates_stop_the_run_when_asked_with_finite_weights_saved(tm
 
 
 POLY = [*TINY, "backend=poly"]
-TOKEN = dict(TORCHBEAST_TOKEN="fault-token")
+TOKEN = "fault-token"
+WITH_TOKEN = cli_env(TORCHBEAST_TOKEN=TOKEN)  # the poly processes' environment
 
 
 def test_clients_wait_through_a_learner_restart_and_training_resumes(tmp_path):
     run_dir = tmp_path / "learner"
-    address = f"file:{run_dir / 'actorpool_address'}"
-    clients = start_cli(
-        tmp_path / "env", *POLY, "backend.role=env", f"backend.address={address}", "backend.num_actors=1", env=TOKEN
-    )
-    learner = start_cli(run_dir, *POLY, "total_steps=200000", "backend.role=learner", env=TOKEN)
+    clients = start_env_process(tmp_path / "env", run_dir, *POLY, env=WITH_TOKEN)
+    learner = start_cli(run_dir, *POLY, "total_steps=200000", "backend.role=learner", env=WITH_TOKEN)
     try:
         wait_for(lambda: (run_dir / "logs.csv").exists() and len(rows(run_dir)) >= 3, 60, "training")
         learner.send_signal(signal.SIGTERM)  # e.g. preempted: it checkpoints and stops
@@ -120,7 +118,7 @@ def test_clients_wait_through_a_learner_restart_and_training_resumes(tmp_path):
         stopped_at = checkpoint.load(checkpoint.path_in(run_dir))["step"]
         time.sleep(2)
         assert clients.poll() is None, "clients must wait for the learner, not exit"
-        learner = start_cli(run_dir, *POLY, "total_steps=12000", "backend.role=learner", env=TOKEN)
+        learner = start_cli(run_dir, *POLY, "total_steps=12000", "backend.role=learner", env=WITH_TOKEN)
         learner_output, _ = learner.communicate(timeout=120)
         client_output, _ = clients.communicate(timeout=60)
     finally:
@@ -150,7 +148,7 @@ def test_64_concurrent_clients_train_steadily_with_flat_memory(tmp_path):
         "backend.role=learner",
         "backend.address=127.0.0.1:0",
         "backend.max_clients=64",
-        env=TOKEN,
+        env=WITH_TOKEN,
     )
     clients = []
     try:
@@ -158,7 +156,7 @@ def test_64_concurrent_clients_train_steadily_with_flat_memory(tmp_path):
         wait_for(address_file.exists, 60, "the learner")
         env_cfg = EnvConfig(id="CartPole-v1")
         for _ in range(64):
-            connection = Connection(f"file:{address_file}", TOKEN["TORCHBEAST_TOKEN"], 30, 1 << 20)
+            connection = Connection(f"file:{address_file}", TOKEN, 30, 1 << 20)
             client = EnvClient(env_cfg, connection, num_envs=1)
             thread = threading.Thread(target=client.run, daemon=True)
             thread.start()

@@ -13,7 +13,7 @@ from torchbeast_hydra.backends import memory
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.run import checkpoint
 
-from conftest import TINY, compose_config, run_cli
+from helpers import TINY, compose_config, run_cli
 
 pytestmark = [
     pytest.mark.cuda,

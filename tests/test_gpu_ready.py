@@ -6,7 +6,7 @@ weights published at an interval, and the speed options against the fp32 result.
 
 from __future__ import annotations
 
-import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -21,7 +21,7 @@ from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning import accel
 from torchbeast_hydra.run import checkpoint, devices
 
-from conftest import TINY, compose_config, run_cli
+from helpers import TINY, cli_env_with_path, compose_config, run_cli, run_command
 
 STAND_INS = Path(__file__).resolve().parent / "cuda_stand_ins"
 LSTM2 = ["model.use_lstm=true", "model.lstm_layers=2"]
@@ -29,10 +29,7 @@ LSTM2 = ["model.use_lstm=true", "model.lstm_layers=2"]
 
 def stand_in_env(**variables: str) -> dict:
     """The CLI's environment with the stand-ins importable (and sitecustomize run) in every process."""
-    from conftest import cli_env
-
-    path = os.pathsep.join(p for p in (str(STAND_INS), os.environ.get("PYTHONPATH")) if p)
-    return cli_env(PYTHONPATH=path, **variables)
+    return cli_env_with_path(STAND_INS, **variables)
 
 
 @pytest.fixture
@@ -406,23 +403,16 @@ def test_a_two_layer_lstm_trains_under_cudnns_rule(tmp_path, backend):
 
 def test_the_cudnn_stand_in_refuses_what_cudnn_refuses(tmp_path):
     """The stand-in itself, in a fresh process: it must fail on what the fix avoids."""
-    import subprocess
-    import sys
-
     code = (
         "import torch; lstm = torch.nn.LSTM(3, 4, num_layers=2); "
         "s = torch.zeros(2, 2, 4).transpose(0, 1); "
         "lstm(torch.zeros(1, 2, 3), (s, s))"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=stand_in_env(TBH_EMULATE_CUDNN_RNN="1")
-    )
+    result = run_command([sys.executable, "-c", code], timeout=120, env=stand_in_env(TBH_EMULATE_CUDNN_RNN="1"))
     assert "rnn: hx is not contiguous" in result.stderr
 
 
 def test_the_failing_model_fails_only_when_asked(monkeypatch):
-    import sys
-
     monkeypatch.syspath_prepend(str(STAND_INS))
     monkeypatch.setenv("TBH_FAIL_IN", "inference")
     monkeypatch.setenv("TBH_FAIL_AFTER", "1")

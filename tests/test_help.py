@@ -1,23 +1,14 @@
 """`--help`: the project's page, with the common commands and the config groups, no schema nodes."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 from torchbeast_hydra.__main__ import CONFIG_DIR
 
-from conftest import REPO, cli_env
+from helpers import cli_argv, run_command
 
 
 def test_help_page(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "torchbeast_hydra", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env=cli_env(),
-    )
+    result = run_command(cli_argv("--help"), timeout=60)
     assert result.returncode == 0, result.stderr
     page = result.stdout
     assert page.startswith("torchbeast_hydra: IMPALA")
@@ -47,12 +38,5 @@ def test_help_page(tmp_path):
 
 
 def test_help_follows_overrides():
-    result = subprocess.run(
-        [sys.executable, "-m", "torchbeast_hydra", "--help", "experiment=cartpole"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env=cli_env(),
-    )
+    result = run_command(cli_argv("--help", "experiment=cartpole"), timeout=60)
     assert result.returncode == 0 and "\nenv:\n  id: CartPole-v1" in result.stdout

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY, cli_env
+from helpers import REPO, TINY, cli_env
 
 # What the wheel is built from (a copy, so the build leaves nothing in the checkout).
 SOURCES = ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "conf", "torchbeast_hydra", "hydra_plugins"]
@@ -99,6 +99,7 @@ def test_wheel_installs_anywhere_and_trains(tmp_path):
     )
     elsewhere = tmp_path / "elsewhere"  # neither the checkout nor the venv: only the install can answer
     elsewhere.mkdir()
+    outside = cli_env(PYTHONPATH=None)  # nor a PYTHONPATH that names the checkout
     command = venv / "bin" / "torchbeast-hydra"
     where = subprocess.run(
         [str(venv / "bin" / "python"), "-c", "import torchbeast_hydra; print(torchbeast_hydra.__file__)"],
@@ -106,11 +107,12 @@ def test_wheel_installs_anywhere_and_trains(tmp_path):
         text=True,
         check=True,
         cwd=elsewhere,
+        env=outside,
     ).stdout
     assert where.startswith(str(venv)), where
 
     help_page = subprocess.run(
-        [str(command), "--help"], capture_output=True, text=True, timeout=120, cwd=elsewhere, env=cli_env()
+        [str(command), "--help"], capture_output=True, text=True, timeout=120, cwd=elsewhere, env=outside
     )
     assert help_page.returncode == 0 and "env: pong (default)" in help_page.stdout, help_page.stderr
 
@@ -118,7 +120,7 @@ def test_wheel_installs_anywhere_and_trains(tmp_path):
 
     def installed(*args):  # the installed command, run from outside the checkout
         return subprocess.run(
-            [str(command), *args], capture_output=True, text=True, timeout=240, cwd=elsewhere, env=cli_env()
+            [str(command), *args], capture_output=True, text=True, timeout=240, cwd=elsewhere, env=outside
         )
 
     train = installed(f"hydra.run.dir={run_dir}", *TINY)

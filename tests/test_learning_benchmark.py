@@ -5,17 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import REPO
-
-BENCHMARKS = REPO / "benchmarks"
+from helpers import import_benchmark
 
 
 @pytest.fixture
 def learning(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import learning
-
-    return learning
+    return import_benchmark(monkeypatch, "learning")
 
 
 def test_a_task_is_one_multirun_of_backends_and_seeds(learning, tmp_path):

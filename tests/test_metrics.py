@@ -2,10 +2,11 @@ import csv
 
 from torchbeast_hydra.logs.metrics import CsvLog, Stats
 
+from helpers import csv_dicts
+
 
 def read_steps(path):
-    with open(path, newline="") as f:
-        return [int(row["step"]) for row in csv.DictReader(f)]
+    return [int(row["step"]) for row in csv_dicts(path)]
 
 
 def test_resume_drops_rows_past_the_checkpoint(tmp_path):
@@ -35,25 +36,20 @@ def test_stats_rows_and_progress_line(tmp_path):
     assert read_steps(tmp_path / "logs.csv") == [150, 200]
 
 
-def read_rows(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def test_a_new_statistic_gets_its_own_column_and_survives_a_resume(tmp_path):
     path = tmp_path / "logs.csv"
     log = CsvLog(path, resume_step=None)
     log.write(dict(step=10, total_loss=1.0))
     log.write(dict(step=20, total_loss=0.5, kl_loss=0.25))  # a loss term added by the user
     log.close()
-    rows = read_rows(path)
+    rows = csv_dicts(path)
     assert [row["kl_loss"] for row in rows] == ["", "0.25"]
     assert rows[0]["total_loss"] == "1.0"
     # Resuming keeps the widened header; a further new key (and one the code has since dropped) too.
     log = CsvLog(path, resume_step=20)
     log.write(dict(step=30, kl_loss=0.125, aux_loss=2.0))
     log.close()
-    rows = read_rows(path)
+    rows = csv_dicts(path)
     assert [row["step"] for row in rows] == ["10", "20", "30"]
     assert [row["kl_loss"] for row in rows] == ["", "0.25", "0.125"]
     assert [row["aux_loss"] for row in rows] == ["", "", "2.0"]
@@ -67,7 +63,7 @@ def test_stats_rows_keep_every_numeric_statistic_of_any_backend(tmp_path):
     stats = Stats(start_step=0, total_steps=100, sinks=[log])
     stats.record(10, [], dict(total_loss=0.5, my_statistic=7.0), dict(connected_clients=3))
     stats.close()
-    (row,) = read_rows(tmp_path / "logs.csv")
+    (row,) = csv_dicts(tmp_path / "logs.csv")
     assert row["my_statistic"] == "7.0" and row["connected_clients"] == "3"
 
 

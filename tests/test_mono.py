@@ -1,6 +1,5 @@
 """End-to-end runs of the mono backend through the CLI, on tiny CartPole and Pong configs."""
 
-import csv
 import os
 import signal
 from pathlib import Path
@@ -11,7 +10,7 @@ import yaml
 
 from torchbeast_hydra.run import checkpoint
 
-from conftest import REPO, TINY, actor_pids, cli_env, rows, run_cli, start_cli, steps, wait_for
+from helpers import REPO, TINY, actor_pids, cli_env, csv_dicts, rows, run_cli, start_cli, steps, wait_for
 
 pytestmark = pytest.mark.slow  # end-to-end runs; `make test-fast` leaves them out
 
@@ -55,41 +54,41 @@ def test_tiny_run_writes_logs_checkpoint_and_provenance(tiny_run):
     assert (tiny_run / "torchbeast.log").read_text().count("Saved checkpoint") >= 1
 
 
-def test_resume_continues_steps_optimizer_and_schedule(tiny_run):
-    first = checkpoint.load(checkpoint.path_in(tiny_run))
-    run_cli(tiny_run, *TINY, "total_steps=5120")
-    assert "Resuming from" in (tiny_run / "torchbeast.log").read_text()
-    logged = steps(tiny_run)
+def test_resume_continues_steps_optimizer_and_schedule(tiny_run_copy):
+    first = checkpoint.load(checkpoint.path_in(tiny_run_copy))
+    run_cli(tiny_run_copy, *TINY, "total_steps=5120")
+    assert "Resuming from" in (tiny_run_copy / "torchbeast.log").read_text()
+    logged = steps(tiny_run_copy)
     assert logged == sorted(set(logged)), "no duplicate or out-of-order rows"
     assert logged[-1] == 5120
     diffs = {b - a for a, b in zip(logged, logged[1:])}
     assert diffs == {64}, "no missing rows across the restart"
-    times = [float(row["time_s"]) for row in rows(tiny_run)]
+    times = [float(row["time_s"]) for row in rows(tiny_run_copy)]
     assert times == sorted(times), "the training clock goes on across the restart"
-    second = checkpoint.load(checkpoint.path_in(tiny_run))
+    second = checkpoint.load(checkpoint.path_in(tiny_run_copy))
     updates = second["learner"]["scheduler"]["last_epoch"]
     assert updates == first["learner"]["scheduler"]["last_epoch"] + (logged[-1] - first["step"]) // 64
     opt_steps = [s["step"] for s in second["learner"]["optimizer"]["state"].values()]
     assert all(float(s) == updates for s in opt_steps), "optimizer state carried over"
 
 
-def test_resume_with_a_different_model_is_refused(tiny_run):
-    result = run_cli(tiny_run, *TINY, "model.hidden_sizes=[32]", check=False)
+def test_resume_with_a_different_model_is_refused(tiny_run_copy):
+    result = run_cli(tiny_run_copy, *TINY, "model.hidden_sizes=[32]", check=False)
     assert result.returncode == 2
     assert "trained with model=" in result.stdout + result.stderr
-    assert checkpoint.load(checkpoint.path_in(tiny_run))["step"] >= 2560  # untouched
+    assert checkpoint.load(checkpoint.path_in(tiny_run_copy))["step"] >= 2560  # untouched
 
 
-def test_corrupt_checkpoint_stops_with_a_clear_error_and_is_kept(tiny_run):
-    path = checkpoint.path_in(tiny_run)
+def test_corrupt_checkpoint_stops_with_a_clear_error_and_is_kept(tiny_run_copy):
+    path = checkpoint.path_in(tiny_run_copy)
     path.write_bytes(b"not a checkpoint")
-    before = steps(tiny_run)
-    result = run_cli(tiny_run, *TINY, "total_steps=5120", check=False)
+    before = steps(tiny_run_copy)
+    result = run_cli(tiny_run_copy, *TINY, "total_steps=5120", check=False)
     assert result.returncode == 2
     output = result.stdout + result.stderr
     assert "corrupt" in output and str(path) in output
     assert path.read_bytes() == b"not a checkpoint"
-    assert steps(tiny_run) == before
+    assert steps(tiny_run_copy) == before
 
 
 def test_unknown_env_id_fails_before_anything_starts(tmp_path):
@@ -193,8 +192,7 @@ def test_test_mode_plays_the_checkpoint(tiny_run, tmp_path):
         tmp_path / "eval", "experiment=cartpole", "mode=test", f"load_dir={tiny_run}", "test.num_episodes=3"
     )
     assert "Mean return over 3 episodes" in result.stdout
-    with open(tmp_path / "eval" / "eval.csv", newline="") as f:
-        (row,) = list(csv.DictReader(f))
+    (row,) = csv_dicts(tmp_path / "eval" / "eval.csv")
     assert int(row["episodes"]) == 3 and float(row["mean_return"]) > 0
 
 
@@ -227,36 +225,36 @@ def test_gather_copies_the_chosen_buffers_in_time_major_order():
     assert buffers[0, 4, 0] == 8
 
 
-def test_resume_survives_config_fields_added_since(tiny_run):
+def test_resume_survives_config_fields_added_since(tiny_run_copy):
     """A checkpoint from older code, whose saved config lacks fields added since, still resumes."""
-    path = checkpoint.path_in(tiny_run)
+    path = checkpoint.path_in(tiny_run_copy)
     state = checkpoint.load(path)
     for group, key in (("model", "lstm_layers"), ("env", "imports"), ("vtrace", "extra_losses")):
         del state["config"][group][key]
     del state["env"]  # older checkpoints did not record the env's spaces either
     checkpoint.save(path, state)
-    run_cli(tiny_run, *TINY, "total_steps=3200", "vtrace.entropy_cost=0.02")
-    log = (tiny_run / "torchbeast.log").read_text()
+    run_cli(tiny_run_copy, *TINY, "total_steps=3200", "vtrace.entropy_cost=0.02")
+    log = (tiny_run_copy / "torchbeast.log").read_text()
     assert "Resuming from" in log
-    assert steps(tiny_run)[-1] == 3200
+    assert steps(tiny_run_copy)[-1] == 3200
     # Each changed setting is said, one line per key, and applied; fields added since are not changes.
     assert "Resuming with 2 changed setting(s)" in log
     assert "  total_steps: 2560 -> 3200" in log and "  vtrace.entropy_cost: 0.01 -> 0.02" in log
     assert "lstm_layers" not in log and "extra_losses" not in log
-    info = yaml.safe_load((tiny_run / "run_info.yaml").read_text())
+    info = yaml.safe_load((tiny_run_copy / "run_info.yaml").read_text())
     assert info["startup"]["resumed"] == "at step 2,560, 2 settings changed"
-    saved = yaml.safe_load((tiny_run / ".hydra" / "config.yaml").read_text())
+    saved = yaml.safe_load((tiny_run_copy / ".hydra" / "config.yaml").read_text())
     assert saved["vtrace"]["entropy_cost"] == 0.02, "the run dir's config says what the run now uses"
     assert checkpoint.load(path)["config"]["vtrace"]["entropy_cost"] == 0.02
 
 
-def test_resume_with_another_optimiser_is_refused(tiny_run):
-    result = run_cli(tiny_run, *TINY, "optim=rmsprop", check=False)
+def test_resume_with_another_optimiser_is_refused(tiny_run_copy):
+    result = run_cli(tiny_run_copy, *TINY, "optim=rmsprop", check=False)
     assert result.returncode == 2
     assert "optim.name" in result.stdout + result.stderr and "cannot carry over" in result.stdout + result.stderr
 
 
-def test_resume_in_another_env_with_the_same_spaces_is_refused(tiny_run):
-    result = run_cli(tiny_run, *TINY, "env.id=CartPole-v0", check=False)
+def test_resume_in_another_env_with_the_same_spaces_is_refused(tiny_run_copy):
+    result = run_cli(tiny_run_copy, *TINY, "env.id=CartPole-v0", check=False)
     assert result.returncode == 2
     assert "trained with env=" in result.stdout + result.stderr

@@ -4,8 +4,6 @@ own dtype and shape, from the env to the learner on both backends; a Box stays o
 tests/structured_envs.py is a user env nesting every array space (and a Text leaf to leave out).
 """
 
-from pathlib import Path
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -24,7 +22,7 @@ from torchbeast_hydra.env.vector import Environments
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.run import checkpoint
 
-from conftest import SMALL, cli_env, compose_config, rows, run_cli
+from helpers import SMALL, TESTS, cli_env_with_path, compose_config, rows, run_cli
 from structured_envs import KEPT, SPACE
 
 STRUCTURED = EnvConfig(id="Structured-v0", imports=["structured_envs"], obs_keys=KEPT)
@@ -220,7 +218,7 @@ BRIEF = [
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["mono", "poly"])
 def test_a_structured_env_trains_checkpoints_and_refuses_a_changed_space_on_resume(tmp_path, backend):
-    env = cli_env(PYTHONPATH=str(Path(__file__).parent))
+    env = cli_env_with_path(TESTS)
     run_dir = tmp_path / backend
     run_cli(run_dir, *BRIEF, f"backend={backend}", env=env)
     assert int(rows(run_dir)[-1]["step"]) >= 1280

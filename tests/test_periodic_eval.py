@@ -14,7 +14,7 @@ from torchbeast_hydra.logs.metrics import RecentReturns, read_rows
 from torchbeast_hydra.run.periodic_eval import Evaluations
 from torchbeast_hydra.run.seeding import EVAL_SEED_BASE, actor_seed, eval_seed
 
-from conftest import TINY, compose_config, run_cli
+from helpers import TINY, compose_config, run_cli
 
 
 class Recorder:
@@ -49,6 +49,7 @@ def wait_for_row(evals, count, timeout=60):
     raise AssertionError(f"no {count} evaluation rows within {timeout} s")
 
 
+@pytest.mark.slow  # the evaluation process
 def test_evaluations_come_due_at_the_interval_and_are_skipped_while_one_plays(tmp_path):
     cfg, evals = evaluations(tmp_path, "eval.interval_steps=1000", "total_steps=10000")
     snapshot = weights_of(cfg)
@@ -85,6 +86,7 @@ def test_the_final_evaluation_is_written_once(tmp_path):
     assert evals.scores() == [(5000, row["mean_return"], True)]
 
 
+@pytest.mark.slow  # the evaluation process
 def test_a_failing_evaluation_turns_evaluation_off_and_training_goes_on(tmp_path):
     cfg, evals = evaluations(tmp_path, "eval.interval_steps=100", "total_steps=10000")
     try:

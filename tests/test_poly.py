@@ -13,7 +13,7 @@ from torchbeast_hydra.backends.poly import wire
 from torchbeast_hydra.env.spaces import EnvSpec
 from torchbeast_hydra.run import checkpoint
 
-from conftest import TINY, actor_pids, cli_env, rows, run_cli, start_cli, steps, wait_for
+from helpers import TINY, actor_pids, cli_env, rows, run_cli, start_cli, start_env_process, steps, wait_for
 
 POLY_TINY = [*TINY, "backend=poly"]
 TOKEN = "test-token-123"
@@ -106,16 +106,9 @@ def step(num_envs=1, frame_shape=(4,), last_action=0, frame_dtype=np.float32):
 def test_learner_and_env_processes_with_hostile_clients(tmp_path):
     # The env process starts first and finds the learner through its address file (as array
     # jobs on a shared filesystem would); the learner picks a free port.
-    env = dict(TORCHBEAST_TOKEN=TOKEN)
+    env = cli_env(TORCHBEAST_TOKEN=TOKEN)
     run_dir = tmp_path / "learner"
-    clients = start_cli(
-        tmp_path / "env",
-        *POLY_TINY,
-        "backend.role=env",
-        f"backend.address=file:{run_dir / 'actorpool_address'}",
-        "backend.num_actors=1",
-        env=env,
-    )
+    clients = start_env_process(tmp_path / "env", run_dir, *POLY_TINY, env=env)
     learner = start_cli(run_dir, *POLY_TINY, "total_steps=12000", "backend.role=learner", env=env)
     try:
         wait_for(lambda: (run_dir / "logs.csv").exists() and len(rows(run_dir)) >= 1, 60, "training")
@@ -163,7 +156,7 @@ def test_role_learner_without_a_token_fails_clearly(tmp_path):
 
 def test_env_client_with_a_wrong_token_is_refused(tmp_path):
     port = free_port()
-    env = dict(TORCHBEAST_TOKEN=TOKEN)
+    env = cli_env(TORCHBEAST_TOKEN=TOKEN)
     learner = start_cli(
         tmp_path / "learner", *POLY_TINY, "backend.role=learner", f"backend.address=127.0.0.1:{port}", env=env
     )

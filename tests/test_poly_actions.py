@@ -8,15 +8,15 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from test_poly_server import TOKEN, RawClient
 
 from torchbeast_hydra.agent.distributions import distribution
 from torchbeast_hydra.backends.poly import wire
-from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
-from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings, make_server
+from torchbeast_hydra.backends.poly.server import ServerSettings
 from torchbeast_hydra.env import layout
 from torchbeast_hydra.env.actions import ActionSpec, action_spec
 from torchbeast_hydra.env.spaces import EnvSpec
+
+from helpers import RawClient, serve_pool
 
 BOX = action_spec(gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "Box-v0")
 SPEC = EnvSpec.box((3,), np.float32, BOX)
@@ -38,22 +38,9 @@ class Policy:
 def served():
     policy = Policy()
     fatal = []  # what inference raised: the backend stops the run with it (PolyBeast._inference_failed)
-    inference = DynamicBatcher(policy, max_batch_size=64, timeout_s=0.001, on_error=fatal.append)
     settings = ServerSettings("Box-v0", 5, 2, True, 1, 4, 2, 5.0)
-    pool = ActorPool(
-        SPEC,
-        settings,
-        token=TOKEN,
-        inference=inference,
-        initial_state=lambda n: (),
-        emit=lambda r, s: None,
-    )
-    server, port = make_server(pool, "127.0.0.1:0", 1 << 20)
-    server.start()
-    yield pool, port, policy, fatal
-    pool.stop(finished=True)
-    inference.close()
-    server.stop(grace=None).wait()
+    with serve_pool(SPEC, settings, policy, on_error=fatal.append) as (pool, port):
+        yield pool, port, policy, fatal
 
 
 def hello(actions: ActionSpec = BOX, num_envs=2):

@@ -5,7 +5,6 @@ when it is full."""
 
 import itertools
 import logging
-import queue
 import threading
 import time
 
@@ -18,13 +17,13 @@ import torch
 from torchbeast_hydra.agent.models import ActorCritic, MLPBody
 from torchbeast_hydra.backends.poly import wire
 from torchbeast_hydra.backends.poly.backend import BrokenModel, CentralInference
-from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
-from torchbeast_hydra.backends.poly.server import MAX_DETAILS, ActorPool, ServerSettings, make_server
+from torchbeast_hydra.backends.poly.server import MAX_DETAILS, ServerSettings
 from torchbeast_hydra.env import layout
 from torchbeast_hydra.env.actions import action_spec
 from torchbeast_hydra.env.spaces import EnvSpec, observation_leaves
 
-TOKEN = "server-token"
+from helpers import POOL_TOKEN, RawClient, serve_pool
+
 SPEC = EnvSpec.box((3,), np.dtype(np.float32), 2)
 
 
@@ -44,7 +43,6 @@ def served():
 
 
 def serve(spec: EnvSpec, infer=trivial_policy, on_error=None):
-    inference = DynamicBatcher(infer, max_batch_size=64, timeout_s=0.001, on_error=on_error)
     emitted = []
     settings = ServerSettings(
         env_id="Test-v0",
@@ -56,20 +54,9 @@ def serve(spec: EnvSpec, infer=trivial_policy, on_error=None):
         max_clients=2,
         client_idle_timeout_s=0.5,
     )
-    pool = ActorPool(
-        spec,
-        settings,
-        token=TOKEN,
-        inference=inference,
-        initial_state=lambda n: (),
-        emit=lambda rollout, state: emitted.append(rollout),
-    )
-    server, port = make_server(pool, "127.0.0.1:0", 1 << 20)
-    server.start()
-    yield pool, port, emitted
-    pool.stop(finished=True)
-    inference.close()
-    server.stop(grace=None).wait()
+    emit = lambda rollout, state: emitted.append(rollout)  # noqa: E731
+    with serve_pool(spec, settings, infer, emit=emit, on_error=on_error) as served:
+        yield (*served, emitted)
 
 
 def hello(num_envs=2, spec=SPEC):
@@ -81,45 +68,6 @@ def step(num_envs=2, frame=0.0, spec=SPEC):
     outputs["frame"][:] = frame
     outputs["done"][:] = False
     return wire.encode_step(outputs)
-
-
-class RawClient:
-    """A Connect stream whose messages the test sends one at a time (or never)."""
-
-    def __init__(self, port):
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-        self.outgoing = queue.SimpleQueue()
-        connect = self.channel.stream_stream(
-            wire.CONNECT, request_serializer=None, response_deserializer=wire.ServerMessage.FromString
-        )
-        self.responses = connect(iter(self.outgoing.get, None), metadata=((wire.TOKEN_METADATA_KEY, TOKEN),))
-
-    def send(self, raw: bytes) -> str:
-        """Sends a message; returns the kind of the answer."""
-        self.outgoing.put(raw)
-        return next(self.responses).WhichOneof("kind")
-
-    def error(self, timeout=10.0) -> grpc.RpcError:
-        """Waits for the stream to end with an error and returns it."""
-        result = {}
-
-        def wait():
-            try:
-                for _ in self.responses:
-                    pass
-            except grpc.RpcError as error:
-                result["error"] = error
-
-        thread = threading.Thread(target=wait, daemon=True)
-        thread.start()
-        thread.join(timeout)
-        assert "error" in result, "the stream did not end"
-        return result["error"]
-
-    def close(self):
-        self.outgoing.put(None)
-        self.responses.cancel()
-        self.channel.close()
 
 
 def test_non_finite_frames_are_refused_and_the_server_keeps_serving(served):
@@ -175,7 +123,7 @@ def test_a_client_that_sends_but_stops_reading_is_dropped_too(served):
     channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.http2.bdp_probe", 0)])
     connect = channel.stream_stream(wire.CONNECT, request_serializer=None, response_deserializer=None)
     requests = itertools.chain([hello(num_envs=4)], itertools.repeat(step(num_envs=4)))  # until the server stalls
-    responses = connect(requests, metadata=((wire.TOKEN_METADATA_KEY, TOKEN),))
+    responses = connect(requests, metadata=((wire.TOKEN_METADATA_KEY, POOL_TOKEN),))
     deadline = time.monotonic() + 60
     while not pool.dropped and time.monotonic() < deadline:
         time.sleep(0.05)

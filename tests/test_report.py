@@ -1,16 +1,16 @@
 """The report command: per-task curves and tables, normalised aggregates, from runs written as training writes them."""
 
 import csv
-import subprocess
 import sys
 
 import pandas as pd
 import pytest
 import yaml
-from test_analysis import assert_real_image, write_run
 
 from torchbeast_hydra.logs import report, runs, scores
 from torchbeast_hydra.run.evaluate import EVAL_FIGURES
+
+from helpers import assert_real_image, run_command, write_run
 
 # Per task and seed: (env option, env.id, evaluation returns at steps 1,000, 2,000 and 3,000).
 # Finals normalise to 1.0 and 0.5 (Pong: random -20.7, human 14.6) and to 0.0 and 1.0
@@ -29,8 +29,7 @@ def write_job(job_dir, option, env_id, seed, evals=None, extra_overrides=(), con
     overrides = [f"env={option}", f"seed={seed}", *extra_overrides]
     config = dict(env=dict(id=env_id), **(config or {}))
     rows = [(step, [float(seed)], 0.5) for step in STEPS]
-    write_run(job_dir, overrides, seed, rows, config=config, choices=dict(env=option))
-    with_time(job_dir / "logs.csv", steps_per_s=100.0)
+    write_run(job_dir, overrides, seed, rows, config=config, choices=dict(env=option), steps_per_s=100.0)
     if evals is not None:
         with open(job_dir / "eval.csv", "w", newline="") as f:
             writer = csv.DictWriter(f, ["step", *EVAL_FIGURES, "greedy", "seed"])
@@ -39,18 +38,6 @@ def write_job(job_dir, option, env_id, seed, evals=None, extra_overrides=(), con
                 figures = dict(episodes=10, mean_return=value, std_return=1.0, min_return=value - 1)
                 figures.update(max_return=value + 1, mean_length=100.0, seconds=2.0)
                 writer.writerow(dict(step=step, **figures, greedy=True, seed=seed))
-
-
-def with_time(path, steps_per_s):
-    """Fills logs.csv's time_s (training seconds so far) as a run at a constant rate would."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    for row in rows:
-        row["time_s"] = int(row["step"]) / steps_per_s
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 @pytest.fixture
@@ -168,21 +155,13 @@ def test_the_packaged_baselines_say_where_each_number_was_read():
 
 
 def test_the_command_writes_the_report(sweep, tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "torchbeast_hydra.logs.report", str(sweep), "--target", "0", "--reps", "200"],
-        capture_output=True,
-        text=True,
-        timeout=180,
+    result = run_command(
+        [sys.executable, "-m", "torchbeast_hydra.logs.report", sweep, "--target", "0", "--reps", "200"], timeout=180
     )
     assert result.returncode == 0, result.stderr
     assert "## HalfCheetah-v5" in result.stdout and f"wrote {sweep / 'report' / 'report.md'}" in result.stdout
     assert (sweep / "report" / "performance_profile.png").exists()
-    bad = subprocess.run(
-        [sys.executable, "-m", "torchbeast_hydra.logs.report", str(tmp_path / "nothing")],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    bad = run_command([sys.executable, "-m", "torchbeast_hydra.logs.report", tmp_path / "nothing"], timeout=180)
     assert bad.returncode == 2 and "is not a directory" in bad.stderr
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import TINY, rows, run_cli
+from helpers import TINY, rows, run_cli
 
 # One env on one actor, one learner thread with one intra-op thread: nothing left to chance.
 SERIAL = [
@@ -39,7 +39,7 @@ def test_seed_decides_the_initial_weights(tmp_path):
     from torchbeast_hydra.env.spaces import probe_env
     from torchbeast_hydra.run.training_run import TrainingRun
 
-    from conftest import compose_config
+    from helpers import compose_config
 
     cfg = compose_config([*TINY, "seed=3"])
     spec = probe_env(cfg.env)

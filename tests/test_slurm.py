@@ -16,7 +16,7 @@ from test_sweeps import JOB, check_job_dirs, job_dir_name
 
 from torchbeast_hydra.run import checkpoint
 
-from conftest import REPO, rows, run_sweep, steps, wait_for
+from helpers import REPO, rows, run_sweep, start_cli, steps, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -28,18 +28,6 @@ SLURM = [
     "hydra.launcher.mem_gb=1",
     "hydra.launcher.timeout_min=30",
 ]
-
-
-def start_sweep(sweep_dir, *overrides):
-    command = [os.sys.executable, "-m", "torchbeast_hydra", "-m", f"hydra.sweep.dir={sweep_dir}", *overrides]
-    return subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=REPO,
-        env=dict(os.environ, HYDRA_FULL_ERROR="0"),
-    )
 
 
 def finish(process, timeout):
@@ -99,7 +87,7 @@ def test_a_job_that_crashes_hard_fails_the_sweep_clearly(slurm_cluster, tmp_path
     # SIGKILL (as the OOM killer does): no result file, no Python cleanup. The launcher learns the
     # job's state from sacct (scripts/slurm/sacct on the local cluster) and reports the failure.
     sweep = tmp_path / "sweep"
-    process = start_sweep(sweep, *JOB, *SLURM, "total_steps=1000000", "seed=1")
+    process = start_cli(sweep, *JOB, *SLURM, "total_steps=1000000", "seed=1", multirun=True)
     job_dir = sweep / job_dir_name(*JOB, "seed=1", "total_steps=1000000")  # one job: named by every override
     wait_for(lambda: (job_dir / "logs.csv").exists() and len(rows(job_dir)) >= 2, 120, "the job to train")
     for pid in job_pids(sweep):
@@ -116,9 +104,10 @@ def test_a_job_that_crashes_hard_fails_the_sweep_clearly(slurm_cluster, tmp_path
 def test_requeued_job_resumes_from_its_checkpoint(slurm_cluster, tmp_path, how):
     sweep = tmp_path / "sweep"
     total = 8192
-    process = start_sweep(
-        sweep, *JOB, *SLURM, f"total_steps={total}", "seed=1", "checkpoint_interval_s=3600"
-    )  # only the signal writes a checkpoint
+    # Only the signal writes a checkpoint.
+    process = start_cli(
+        sweep, *JOB, *SLURM, f"total_steps={total}", "seed=1", "checkpoint_interval_s=3600", multirun=True
+    )
     job_dir = sweep / job_dir_name(*JOB, "seed=1", f"total_steps={total}", "checkpoint_interval_s=3600")
     wait_for(lambda: (job_dir / "logs.csv").exists() and len(rows(job_dir)) >= 10, 120, "the job to train")
     (job_id,) = job_ids(sweep)

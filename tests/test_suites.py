@@ -10,7 +10,7 @@ import yaml
 from torchbeast_hydra.logs import report
 from torchbeast_hydra.logs.metrics import read_rows
 
-from conftest import SMALL, run_sweep
+from helpers import SMALL, run_sweep
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from torchbeast_hydra.__main__ import CONFIG_DIR, run
 
-from conftest import TINY, rows, run_sweep
+from helpers import TINY, rows, run_sweep
 
 
 def job_return(job_dir):

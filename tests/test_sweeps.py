@@ -1,15 +1,12 @@
 """-m sweeps through the basic launcher and submitit_local; launch errors before anything is written."""
 
-import os
-import sys
-
 import pytest
 from omegaconf import OmegaConf
 
 from torchbeast_hydra.run import checkpoint
 from torchbeast_hydra.run.launch import RecordSweepOverrides, job_subdir
 
-from conftest import REPO, rows, run_sweep, steps
+from helpers import cli_env, rows, run_sweep, steps
 
 # A sweep job: tiny CartPole (plus total_steps, a few thousand).
 JOB = [
@@ -109,23 +106,13 @@ def test_submitit_local_sweep_runs_jobs_in_parallel(tmp_path):
 def test_launcher_preset_without_the_plugin_says_so(tmp_path):
     # The plugin is a dependency, so hide it: find_spec answers as if it were not installed.
     sweep = tmp_path / "sweep"
-    code = (
-        "import importlib.util, sys\n"
+    hidden = (
+        "import importlib.util\n"
         "real = importlib.util.find_spec\n"
         "importlib.util.find_spec = lambda name, *a: None if name.startswith('hydra_plugins.hydra_submitit') "
-        "else real(name, *a)\n"
-        "from torchbeast_hydra.__main__ import cli\n"
-        "cli()\n"
+        "else real(name, *a)"
     )
-    import subprocess
-
-    result = subprocess.run(
-        [sys.executable, "-c", code, "-m", f"hydra.sweep.dir={sweep}", *JOB, "seed=1,2", "hydra/launcher=slurm"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
+    result = run_sweep(sweep, *JOB, "seed=1,2", "hydra/launcher=slurm", timeout=120, prelude=hidden)
     assert result.returncode == 2
     assert "hydra/launcher=slurm needs the hydra-submitit-launcher plugin" in result.stderr
     assert "Traceback" not in result.stderr
@@ -135,9 +122,17 @@ def test_launcher_preset_without_the_plugin_says_so(tmp_path):
 def test_slurm_launch_without_sbatch_fails_clearly(tmp_path):
     sweep = tmp_path / "sweep"
     result = run_sweep(
-        sweep, *JOB, "seed=1,2", "hydra/launcher=slurm", timeout=120, env=dict(os.environ, PATH=str(tmp_path / "empty"))
+        sweep, *JOB, "seed=1,2", "hydra/launcher=slurm", timeout=120, env=cli_env(PATH=str(tmp_path / "empty"))
     )
     assert result.returncode == 2
     assert "submits jobs with sbatch, which is not on PATH" in result.stderr
     assert result.stderr.count("error:") == 1 and "Traceback" not in result.stderr
     assert not sweep.exists()
+
+
+def test_a_fixed_override_names_no_dir_however_the_launcher_spells_it(tmp_path):
+    start_sweep(tmp_path, "experiment=cartpole", "seed=1,2", "eval.final=false", "vtrace.discounting=0.990")
+    # The basic launcher writes the job's overrides from the values it read: False, 0.99.
+    assert job_subdir(
+        ["experiment=cartpole", "eval.final=False", "vtrace.discounting=0.99", "seed=2"], tmp_path, 1
+    ) == ("seed=2")

@@ -1,14 +1,11 @@
 """logger.tensorboard=true: logs.csv's numeric stats as TensorBoard scalars in RUN_DIR/tensorboard/."""
 
-import subprocess
-import sys
-
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from torchbeast_hydra.logs.tensorboard_log import TensorboardLog
 
-from conftest import TINY, rows, run_cli
+from helpers import TINY, rows, run_cli
 
 
 def scalars(log_dir):
@@ -43,18 +40,8 @@ def test_a_resumed_run_purges_what_came_after_its_checkpoint(tmp_path):
 
 
 def test_without_the_package_one_line_names_the_pip_command(tmp_path):
-    code = (
-        "import sys\n"
-        "sys.modules['torch.utils.tensorboard'] = None  # as if tensorboard were not installed\n"
-        "from torchbeast_hydra.__main__ import cli\n"
-        "cli()\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code, f"hydra.run.dir={tmp_path / 'run'}", *TINY, "logger.tensorboard=true"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    hidden = "import sys\nsys.modules['torch.utils.tensorboard'] = None  # as if tensorboard were not installed"
+    result = run_cli(tmp_path / "run", *TINY, "logger.tensorboard=true", check=False, prelude=hidden)
     assert result.returncode == 2
     output = result.stdout + result.stderr
     assert "pip install tensorboard" in output and "Traceback" not in output

@@ -4,7 +4,7 @@ No test touches the network: the CLI runs with no credentials and `logger.wandb.
 except the failure test, which points wandb at a closed port on this machine.
 """
 
-import csv
+import shutil
 import socket
 import threading
 import time
@@ -18,15 +18,10 @@ from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.logs import wandb_log
 from torchbeast_hydra.logs.wandb_log import WandbLog, numeric_fields, resolve_mode, run_id_for
 
-from conftest import TINY, cli_env, compose_config, run_cli, sweep_job_dir
+from helpers import TINY, cli_env, compose_config, csv_dicts, run_cli, sweep_job_dir
 from wandb_records import offline_runs
 
 OFFLINE = [*TINY, "logger.wandb.mode=offline"]
-
-
-def csv_rows(run_dir):
-    with open(run_dir / "logs.csv", newline="") as f:
-        return list(csv.DictReader(f))
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +59,7 @@ def test_offline_run_logs_every_csv_field_against_step_with_the_config(offline_r
     # `step` is the x-axis of everything.
     assert any(m.glob_name == "*" and m.step_metric == "step" for m in run["metrics"])
     # One history row per logs.csv row, with every numeric field and the same values.
-    rows = csv_rows(run_dir)
+    rows = csv_dicts(run_dir / "logs.csv")
     history = run["history"]
     assert [h["step"] for h in history] == [int(r["step"]) for r in rows] == list(range(64, 2561, 64))
     for logged, row in zip(history, rows):
@@ -80,8 +75,8 @@ def test_offline_run_logs_every_csv_field_against_step_with_the_config(offline_r
 
 
 @pytest.mark.slow
-def test_resume_continues_the_same_wandb_run(offline_run):
-    run_dir, _ = offline_run
+def test_resume_continues_the_same_wandb_run(offline_run, tmp_path):
+    run_dir = shutil.copytree(offline_run[0], tmp_path / "run")  # the module's run stays as it finished
     run_id = (run_dir / "wandb_run_id").read_text().strip()
     run_cli(run_dir, *OFFLINE, "seed=3", "total_steps=3840")
     runs = offline_runs(run_dir)
@@ -105,8 +100,7 @@ def test_test_mode_logs_its_evaluation_and_video_to_the_trained_run(offline_run,
         "test.record_video=true",
         "logger.wandb.mode=offline",
     )
-    with open(tmp_path / "eval" / "eval.csv", newline="") as f:
-        result = list(csv.DictReader(f))[-1]
+    result = csv_dicts(tmp_path / "eval" / "eval.csv")[-1]
     # The trained run's wandb run goes on, its files in the test run's dir (the trained dir is only read).
     assert not [r for r in offline_runs(run_dir) if r["history"] and "eval/mean_return" in r["history"][0]]
     evals = [r for r in offline_runs(tmp_path / "eval") if r["history"] and "eval/mean_return" in r["history"][0]]
@@ -154,7 +148,7 @@ def test_wandb_that_cannot_start_does_not_stop_training(tmp_path):
     output = result.stdout + result.stderr
     assert output.count("Training goes on without wandb") == 1, output
     assert "wandb did not start" in output and f"127.0.0.1:{port}" in output, output
-    assert [int(r["step"]) for r in csv_rows(run_dir)] == list(range(64, 2561, 64))
+    assert [int(r["step"]) for r in csv_dicts(run_dir / "logs.csv")] == list(range(64, 2561, 64))
     assert time.monotonic() - started < 90
 
 

@@ -214,8 +214,14 @@ def check_overrides(argv: list[str], config_dir: str) -> None:
     """Refuses, before Hydra composes, an override that names no option of a group or no key, with
     the nearest names. Hydra's own messages would list the schemas (base_env, ...) among a group's
     options, and tell a user who misspelt a key to append it with `+`."""
+    extra_dirs, searchpath = _extra_config_dirs(argv)
+    if searchpath:
+        return  # options may come from anywhere (pkg://...): Hydra's own messages
     overrides = _parse_overrides(argv)
     groups = option_files(config_dir)
+    for extra in extra_dirs:  # --config-dir: the user's own options of each group
+        for group, options in option_files(extra).items():
+            groups[group] = sorted({*groups.get(group, []), *options})
     choices, keys = [], []
     for override in overrides:
         name = override.key_or_group
@@ -236,6 +242,19 @@ def option_files(config_dir: str) -> dict:
     return {
         d.name: sorted(f.stem for f in d.glob("*.yaml")) for d in root.iterdir() if d.is_dir() and d.name != "hydra"
     }
+
+
+def _extra_config_dirs(argv: list[str]) -> tuple[list[str], bool]:
+    """(the --config-dir/-cd dirs, whether hydra.searchpath is set) of a command line."""
+    dirs, searchpath = [], False
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        if flag in ("--config-dir", "-cd"):
+            value = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            if value and Path(value).is_dir():
+                dirs.append(value)
+        searchpath |= flag.lstrip("+") == "hydra.searchpath"
+    return dirs, searchpath
 
 
 def _parse_overrides(argv: list[str]) -> list:

@@ -16,10 +16,29 @@ def override_key(override: str) -> str:
     return override.partition("=")[0].lstrip("+~")
 
 
-def fixed_override_keys(sweep_dir: str | Path) -> set | None:
-    """The keys a sweep's command line gave one value; None where the sweep did not record them."""
+def fixed_overrides(sweep_dir: str | Path) -> set | None:
+    """The overrides a sweep's command line gave one value, as (key, value) pairs; None where the
+    sweep did not record them."""
     try:
         recorded = yaml.safe_load((Path(sweep_dir) / SWEEP_OVERRIDES_FILE).read_text())
     except (OSError, yaml.YAMLError):
         return None
-    return {override_key(str(o)) for o in (recorded or {}).get("fixed", [])}
+    return {as_pair(str(o)) for o in (recorded or {}).get("fixed", [])}
+
+
+def is_fixed(override: str, fixed: set | None) -> bool:
+    """Whether a job's override is one its sweep's command line fixed (by value, not by spelling:
+    the launcher writes `eval.final=False` for a typed `eval.final=false`)."""
+    return bool(fixed) and as_pair(override) in fixed
+
+
+def as_pair(override: str) -> tuple:
+    """(key, value) of an override, the value as Hydra reads it (its text where Hydra cannot)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    key, _, text = override.partition("=")
+    try:
+        value = OverridesParser.create().parse_override(override).value()
+    except Exception:  # not Hydra's syntax: compare as typed
+        value = text
+    return override_key(key), repr(value)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Optional
 from urllib.parse import urlparse
 
-from torchbeast_hydra.logs.sweep_record import fixed_override_keys, override_key
+from torchbeast_hydra.logs.sweep_record import fixed_overrides, is_fixed
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +110,8 @@ def hydra_labels() -> tuple[Optional[str], Optional[str], list]:
     if hydra_cfg.mode == RunMode.MULTIRUN:
         sweep_dir = Path(hydra_cfg.sweep.dir)
         group = sweep_name(sweep_dir)
-        fixed = fixed_override_keys(sweep_dir) or set()  # named as its job dir is (run.launch.job_subdir)
-        overrides = [o for o in overrides if override_key(o) not in fixed] or overrides
+        fixed = fixed_overrides(sweep_dir)  # named as its job dir is (run.launch.job_subdir)
+        overrides = [o for o in overrides if not is_fixed(o, fixed)] or overrides
     else:
         group = choices.get("experiment") or None
     name = _clean(",".join(overrides), 128) or Path(hydra_cfg.runtime.output_dir).name

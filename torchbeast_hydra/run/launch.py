@@ -36,7 +36,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from torchbeast_hydra.logs.sweep_record import SWEEP_OVERRIDES_FILE, fixed_override_keys, override_key
+from torchbeast_hydra.logs.sweep_record import SWEEP_OVERRIDES_FILE, fixed_overrides, is_fixed
 
 log = logging.getLogger("torchbeast_hydra")
 
@@ -57,9 +57,8 @@ def job_subdir(overrides, sweep_dir, job_num) -> str:
     override names the dir.
     """
     overrides = [str(o) for o in overrides]
-    fixed = fixed_override_keys(sweep_dir) or set()
-    # By key: a job's override is the launcher's rendering of the value (eval.final=False), not as typed.
-    swept = [o for o in overrides if override_key(o) not in fixed]
+    fixed = fixed_overrides(sweep_dir)
+    swept = [o for o in overrides if not is_fixed(o, fixed)]
     return safe_dir_name(",".join(sorted(swept or overrides)), job_num)
 
 

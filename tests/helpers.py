@@ -1,0 +1,331 @@
+"""What the tests share: configs composed in process, the CLI run in a subprocess, run dirs read
+back (and written as training writes them), and a poly ActorPool served on loopback with a raw
+client. Tests import from here; tests/conftest.py holds only fixtures and hooks.
+
+A helper that starts the CLI is decorated @starts_cli: conftest.py marks slow every test that
+reaches one (its docstring says how).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import importlib
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from matplotlib.image import imread
+from omegaconf import OmegaConf
+
+from torchbeast_hydra.__main__ import CONFIG_DIR
+from torchbeast_hydra.backends.poly import wire
+from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
+from torchbeast_hydra.backends.poly.server import ActorPool, make_server
+from torchbeast_hydra.logs.metrics import CSV_FIELDS, read_rows
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = REPO / "tests"
+BENCHMARKS = REPO / "benchmarks"
+
+# Small enough for any env to train a few updates in seconds: add the env and total_steps.
+SMALL = [
+    "batch_size=4",
+    "unroll_length=16",
+    "backend.num_actors=2",
+    "backend.envs_per_actor=2",
+    "logger.log_interval_s=1",
+    "logger.wandb.mode=disabled",  # tests/test_wandb.py covers wandb
+]
+# A tiny but complete training run: CartPole with an MLP, two actors, a few updates.
+TINY = ["experiment=cartpole", "total_steps=2560", *SMALL]
+
+
+def starts_cli(function):
+    """Marks a helper that starts the CLI: conftest.py marks slow every test that reaches it."""
+    function.starts_cli = True
+    return function
+
+
+# -- configs and the CLI ---------------------------------------------------------------------------
+
+
+def compose_config(overrides=()):
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    OmegaConf.set_readonly(cfg, False)
+    return cfg
+
+
+def cli_env(**extra: str | None) -> dict:
+    """The CLI's environment in tests: never real wandb credentials; wandb off unless asked.
+
+    extra: variables to set, or to remove (None).
+    """
+    env = {key: value for key, value in os.environ.items() if not key.startswith("WANDB_")}
+    env.update(HYDRA_FULL_ERROR="0", WANDB_MODE="disabled", NETRC=os.devnull)
+    env.update(extra)
+    return {key: value for key, value in env.items() if value is not None}
+
+
+def cli_env_with_path(*dirs: Path, **extra: str | None) -> dict:
+    """cli_env() with dirs first on PYTHONPATH, then this checkout: the user's modules (env.imports,
+    model targets, stand-ins) importable in every process, next to the package under test."""
+    path = [*map(str, dirs), str(REPO), os.environ.get("PYTHONPATH")]
+    return cli_env(PYTHONPATH=os.pathsep.join(p for p in path if p), **extra)
+
+
+@starts_cli
+def cli_argv(*args: str, prelude: str | None = None) -> list[str]:
+    """The command line of `python -m torchbeast_hydra ARGS`.
+
+    prelude: Python run first in the CLI's process (e.g. to hide a package), through -c.
+    """
+    if prelude is None:
+        return [sys.executable, "-m", "torchbeast_hydra", *args]
+    return [sys.executable, "-c", f"{prelude}\nfrom torchbeast_hydra.__main__ import cli\ncli()\n", *args]
+
+
+def run_command(argv, *, timeout: float, check: bool = False, env: dict | None = None, cwd=REPO):
+    """Runs argv to its end with its output captured; returns the CompletedProcess.
+
+    env: the whole environment (default cli_env()). check: a non-zero exit fails, with the output.
+    """
+    result = subprocess.run(
+        [str(arg) for arg in argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=cli_env() if env is None else env,
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"{argv} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def run_dir_args(run_dir, multirun: bool) -> list[str]:
+    """The CLI's arguments that put its run dir (with multirun: -m, its sweep dir) at run_dir."""
+    return ["-m", f"hydra.sweep.dir={run_dir}"] if multirun else [f"hydra.run.dir={run_dir}"]
+
+
+@starts_cli
+def run_cli(
+    run_dir: Path,
+    *overrides: str,
+    timeout: float = 180,
+    check: bool = True,
+    env: dict | None = None,
+    multirun: bool = False,
+    prelude: str | None = None,
+):
+    """Runs `python -m torchbeast_hydra` with its run dir at run_dir; returns the CompletedProcess.
+
+    multirun: `-m`, with run_dir as the sweep dir. env: the whole environment (default cli_env()).
+    """
+    argv = cli_argv(*run_dir_args(run_dir, multirun), *overrides, prelude=prelude)
+    return run_command(argv, timeout=timeout, check=check, env=env)
+
+
+@starts_cli
+def run_sweep(sweep_dir: Path, *overrides: str, timeout: float, env: dict | None = None, prelude: str | None = None):
+    """`python -m torchbeast_hydra -m ...` into sweep_dir, bounded in time; returns the CompletedProcess,
+    whatever its exit status."""
+    return run_cli(sweep_dir, *overrides, timeout=timeout, check=False, env=env, multirun=True, prelude=prelude)
+
+
+@starts_cli
+def start_cli(run_dir: Path, *overrides: str, env: dict | None = None, multirun: bool = False):
+    """Starts `python -m torchbeast_hydra` in the background (output, stderr included, in .stdout).
+
+    env: the whole environment (default cli_env()).
+    """
+    return subprocess.Popen(
+        cli_argv(*run_dir_args(run_dir, multirun), *overrides),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        env=cli_env() if env is None else env,
+    )
+
+
+@starts_cli
+def start_env_process(run_dir: Path, learner_dir: Path, *overrides: str, env: dict):
+    """Starts a poly env process (one client) that finds its learner through learner_dir's address file,
+    as array jobs on a shared filesystem do. env: with the learner's TORCHBEAST_TOKEN."""
+    address = f"file:{learner_dir / 'actorpool_address'}"
+    return start_cli(
+        run_dir, *overrides, "backend.role=env", f"backend.address={address}", "backend.num_actors=1", env=env
+    )
+
+
+def sweep_job_dir(sweep: Path, *overrides: str) -> Path:
+    """The one job dir of a sweep whose overrides include these (job dirs are named by overrides)."""
+    (match,) = [d for d in sweep.iterdir() if d.is_dir() and set(overrides) <= set(d.name.split(","))]
+    return match
+
+
+def import_benchmark(monkeypatch, name: str):
+    """benchmarks/NAME.py as a module, imported as the scripts import each other (benchmarks/ on sys.path)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    return importlib.import_module(name)
+
+
+# -- processes ---------------------------------------------------------------------------------------
+
+
+def children(pid):
+    """Live child processes of pid (actors, and multiprocessing's helpers)."""
+    try:
+        out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    except FileNotFoundError:
+        pytest.skip("pgrep is not available")
+    return [int(p) for p in out.split()]
+
+
+def actor_pids(pid):
+    return [p for p in children(pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# -- run dirs: read back, and written as training writes them --------------------------------------
+
+
+def rows(run_dir):
+    """logs.csv's rows, read as everything else reads them (numbers parsed, blanks None)."""
+    return read_rows(run_dir)
+
+
+def steps(run_dir):
+    return [int(row["step"]) for row in rows(run_dir)]
+
+
+def csv_dicts(path) -> list[dict]:
+    """A csv file's rows as written: strings, blanks "" (what a reader of the file sees)."""
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def write_run(run_dir, overrides, seed, updates, config=None, choices=None, steps_per_s=None):
+    """A run dir as training leaves it: logs.csv and .hydra/{overrides,config,hydra}.yaml.
+
+    updates: (step, episode returns, loss) per logs.csv row. choices: the config groups' options
+    (hydra.yaml). steps_per_s: fills time_s, the training seconds so far, as at a constant rate.
+    """
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump(dict(seed=seed, **(config or {}))))
+    if choices is not None:
+        hydra = dict(hydra=dict(runtime=dict(choices={"hydra/launcher": "basic", **choices})))
+        (run_dir / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(hydra))
+    with open(run_dir / "logs.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for step, returns, loss in updates:
+            writer.writerow(
+                dict(
+                    step=step,
+                    time_s=step / steps_per_s if steps_per_s else "",
+                    sps=100.0 + step / 10,
+                    episode_returns=json.dumps(returns),
+                    mean_episode_return=sum(returns) / len(returns) if returns else "",
+                    total_loss=loss,
+                    pg_loss=loss / 2,
+                    baseline_loss=loss / 4,
+                    entropy_loss=-0.1,
+                )
+            )
+
+
+def assert_real_image(path):
+    image = imread(path)
+    assert image.shape[0] >= 300 and image.shape[1] >= 400, f"{path}: {image.shape}"
+    assert image[..., :3].std() > 0.05, f"{path} is blank"
+
+
+# -- the poly ActorPool on loopback, and a client that sends raw messages ---------------------------
+
+POOL_TOKEN = "server-token"
+
+
+@contextlib.contextmanager
+def serve_pool(spec, settings, policy, emit=None, on_error=None):
+    """An ActorPool for spec serving on a free loopback port, policy its inference; yields (pool, port).
+
+    emit: takes each finished rollout (and its initial core state). on_error: what inference raised.
+    """
+    inference = DynamicBatcher(policy, max_batch_size=64, timeout_s=0.001, on_error=on_error)
+    pool = ActorPool(
+        spec,
+        settings,
+        token=POOL_TOKEN,
+        inference=inference,
+        initial_state=lambda n: (),
+        emit=emit or (lambda rollout, state: None),
+    )
+    server, port = make_server(pool, "127.0.0.1:0", 1 << 20)
+    server.start()
+    try:
+        yield pool, port
+    finally:
+        pool.stop(finished=True)
+        inference.close()
+        server.stop(grace=None).wait()
+
+
+class RawClient:
+    """A Connect stream whose messages the test sends one at a time (or never)."""
+
+    def __init__(self, port, token=POOL_TOKEN):
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.outgoing = queue.SimpleQueue()
+        connect = self.channel.stream_stream(
+            wire.CONNECT, request_serializer=None, response_deserializer=wire.ServerMessage.FromString
+        )
+        self.responses = connect(iter(self.outgoing.get, None), metadata=((wire.TOKEN_METADATA_KEY, token),))
+
+    def send(self, raw: bytes) -> str:
+        """Sends a message; returns the kind of the answer."""
+        self.outgoing.put(raw)
+        return next(self.responses).WhichOneof("kind")
+
+    def error(self, timeout=10.0) -> grpc.RpcError:
+        """Waits for the stream to end with an error and returns it."""
+        result = {}
+
+        def wait():
+            try:
+                for _ in self.responses:
+                    pass
+            except grpc.RpcError as error:
+                result["error"] = error
+
+        thread = threading.Thread(target=wait, daemon=True)
+        thread.start()
+        thread.join(timeout)
+        assert "error" in result, "the stream did not end"
+        return result["error"]
+
+    def close(self):
+        self.outgoing.put(None)
+        self.responses.cancel()
+        self.channel.close()
