@@ -133,3 +133,14 @@ def test_the_readme_is_one_screen_of_the_makefiles_commands():
     assert "outputs/DATE/TIME/" in readme and "logs.csv" in readme and "mkdocs serve" in readme
     for link in re.findall(r"\]\((docs/[^)#]+)\)", readme):
         assert (REPO / link).is_file(), link
+
+
+def test_the_env_families_page_shows_the_familys_table(tmp_path):
+    """docs read the same table the code does (torchbeast_hydra/env/families.py)."""
+    from torchbeast_hydra.env import families
+
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)], cwd=REPO, check=True)
+    page = (site / "env-families" / "index.html").read_text()
+    for family in families.FAMILIES:
+        assert f"env={family.option}" in page and family.default_id in page and family.learns in page

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from torchbeast_hydra.backends import memory
 from torchbeast_hydra.backends.poly.settings import PolyRole
 from torchbeast_hydra.config import Mode, check_overrides, register_configs, validate
+from torchbeast_hydra.env import families
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning.learner import NonFiniteUpdate
 from torchbeast_hydra.logs.metrics import RecentReturns, read_rows
@@ -42,6 +43,7 @@ def config_dir() -> str:
 
 CONFIG_DIR = config_dir()
 HELP_GROUPS_RESOLVER = "tbh_config_groups"
+HELP_FAMILIES_RESOLVER = "tbh_env_families"
 
 
 def config_groups(root: str = CONFIG_DIR) -> str:
@@ -69,6 +71,8 @@ register_configs()
 register_resolvers()  # here, so that submitit job processes (which import this module) have them
 if not OmegaConf.has_resolver(HELP_GROUPS_RESOLVER):
     OmegaConf.register_new_resolver(HELP_GROUPS_RESOLVER, lambda: config_groups())
+if not OmegaConf.has_resolver(HELP_FAMILIES_RESOLVER):
+    OmegaConf.register_new_resolver(HELP_FAMILIES_RESOLVER, lambda: families.describe())
 
 
 def write_run_info(run_dir: Path) -> None:

@@ -393,7 +393,25 @@ def on_config(config, **kwargs):
     return config
 
 
+FAMILIES_PAGE = "env-families.md"
+FAMILIES_MARKER = "<!-- env-families -->"
+
+
+def families_table() -> str:
+    """The env families' table (torchbeast_hydra/env/families.py), as --help shows it."""
+    from torchbeast_hydra.env import families
+
+    rows = ["| option | default id | model it brings | install | what the defaults learn |", "|---|---|---|---|---|"]
+    for f in families.FAMILIES:
+        rows.append(
+            f'| `env={f.option}` | `{f.default_id}` | `model={f.model}` | `pip install ".[{f.option}]"` | {f.learns} |'
+        )
+    return "\n".join(rows)
+
+
 def on_page_markdown(markdown: str, page, config, files, **kwargs):
+    if page.file.src_uri == FAMILIES_PAGE:
+        return markdown.replace(FAMILIES_MARKER, families_table())
     if page.file.src_uri != PAGE:
         return markdown
     if MARKER not in markdown:

@@ -32,3 +32,11 @@ BY_MODULE = {family.module: family for family in FAMILIES}
 def family_of_id(env_id: str) -> Family | None:
     """The family whose ids start like env_id, if any."""
     return next((f for f in FAMILIES if env_id.startswith(f.id_prefixes)), None)
+
+
+def describe() -> str:
+    """A line per family, for `--help`: its option, default id, model and extra."""
+    return "\n".join(
+        f'  env={f.option:<9} {f.default_id:<24} model={f.model:<9} {f.learns}; pip install ".[{f.option}]"'
+        for f in FAMILIES
+    )
