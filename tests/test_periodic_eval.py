@@ -86,6 +86,11 @@ def test_the_final_evaluation_is_written_once(tmp_path):
     assert evals.scores() == [(5000, row["mean_return"], True)]
 
 
+def test_no_final_evaluation_when_evaluation_is_off(tmp_path):
+    cfg, evals = evaluations(tmp_path, "total_steps=5000", "eval.interval_steps=0")
+    assert evals.final(5000, weights_of(cfg)()) is None and not evals.path.exists()
+
+
 @pytest.mark.slow  # the evaluation process
 def test_a_failing_evaluation_turns_evaluation_off_and_training_goes_on(tmp_path):
     cfg, evals = evaluations(tmp_path, "eval.interval_steps=100", "total_steps=10000")

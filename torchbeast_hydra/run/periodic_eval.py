@@ -5,7 +5,7 @@ between updates) goes to an evaluation process, which plays `eval.episodes` whol
 env of its own (its own seed, run.seeding.eval_seed; test mode's protocol) while training goes on.
 A snapshot that comes due while the previous one is still being played is skipped, never queued:
 evaluation never holds the learner back. At the end of a run that reaches total_steps, one final
-evaluation is played in the learner process.
+evaluation is played in the learner process (when evaluation is on).
 
 Rows go to RUN_DIR/eval.csv (mode=test's columns, plus `final`) and, as eval/*, to wandb and
 TensorBoard. A failing evaluation logs one warning and turns evaluation off; training goes on.
@@ -112,12 +112,9 @@ class Evaluations:
     def poll(self, wait_s: float = 0.0) -> None:
         """Writes the rows of evaluations that have finished, waiting up to wait_s for one in flight."""
         while self._process is not None:
+            waiting = wait_s if self._in_flight is not None else 0.0
             try:
-                step, result = (
-                    self._results.get(timeout=wait_s)
-                    if self._in_flight is not None and wait_s
-                    else (self._results.get_nowait())
-                )
+                step, result = self._results.get(timeout=waiting) if waiting else self._results.get_nowait()
             except queue.Empty:
                 return
             self._in_flight = None
@@ -132,7 +129,7 @@ class Evaluations:
         """The end-of-run evaluation, played here (training is over: the cores are free)."""
         self.poll(wait_s=FINISH_TIMEOUT_S)  # the periodic evaluation still playing, if any
         self.close()
-        if not self.settings.final or self._has_final(step):
+        if not (self.settings.final and self.settings.interval_steps) or self._has_final(step):
             return None
         player = Player(self.model_cfg, self.env_cfg, self.seed)
         try:

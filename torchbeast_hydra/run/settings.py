@@ -43,7 +43,9 @@ class EvalConfig:
     interval_steps: int = 0  # every this many agent steps; 0: none during training
     episodes: int = 10  # whole episodes per evaluation
     greedy: bool = True  # argmax actions; false samples from the policy
-    final: bool = True  # one more at the end of a run that reaches total_steps (in the learner process)
+    # With evaluation on (interval_steps > 0): one more at the end of a run that reaches total_steps,
+    # in the learner process. Off with evaluation off: a greedy NetHack policy plays 5,000-step games.
+    final: bool = True
     objective: EvalObjective = EvalObjective.final
 
 
