@@ -4,7 +4,7 @@ Each rank is a whole run of its own (its actors or poly server and env clients, 
 its own device) except for two collectives per update, made in the same order on every rank:
 
 1. `agree`: every rank's (agent steps, finished episodes' returns, whether a signal asked it to
-   stop) reach every rank (one small all_gather_object), so every rank counts the same global
+   stop) reach every rank (one small exchange of JSON bytes), so every rank counts the same global
    step, rank 0 logs every rank's returns, and all ranks stop after the same update;
 2. `average_gradients`: after backward, one all_reduce of all gradients (and the loss terms)
    flattened into one buffer, divided by N; each rank then takes the same optimiser step.
@@ -21,9 +21,9 @@ itself (`spawn_others`). A run with one rank asks `wanted` and takes no other pa
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
-import pickle
 import socket
 import subprocess
 import sys
@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 SPAWNED = "TORCHBEAST_HYDRA_SPAWNED"  # set in the ranks that distributed.nproc started
 PROGRESS_KEY = "torchbeast_hydra/collectives/{}"  # per rank: the collectives it has entered
+PROCESS_KEY = "torchbeast_hydra/process/{}"  # per rank: "HOST PID"
 DIAGNOSIS_TIMEOUT_S = 5.0  # to read the others' progress once a collective failed
 WIND_DOWN_S = 60.0  # for spawned ranks to stop their actors after the last update
 KILL_AFTER_S = 5.0  # from SIGTERM to SIGKILL for a spawned rank that must end
@@ -218,6 +219,9 @@ class Ranks:
         timeout = timedelta(seconds=timeout_s)
         self.cpu_group = dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else None
         self.store = dist.distributed_c10d._get_default_store()
+        # Where this rank runs: a rank killed inside a collective has reached it as far as the
+        # progress keys tell, so the others look for its process when one fails.
+        self.store.set(PROCESS_KEY.format(self.rank), f"{socket.gethostname()} {os.getpid()}")
 
     @property
     def is_main(self) -> bool:
@@ -241,7 +245,7 @@ class Ranks:
             raise RankFailure(self._diagnose(what, error)) from error
 
     def _diagnose(self, what: str, error: Exception) -> str:
-        behind = []
+        behind, dead = [], []
         try:
             self.store.set_timeout(timedelta(seconds=DIAGNOSIS_TIMEOUT_S))
             for rank in range(self.world_size):
@@ -249,9 +253,17 @@ class Ranks:
                 reached = int(self.store.get(key)) if self.store.check([key]) else 0
                 if reached < self.collectives:
                     behind.append(rank)
+                elif rank != self.rank and self._process_gone(rank):
+                    dead.append(rank)
         except Exception:  # the store lives in rank 0 (or torchrun's agent): gone with it
             behind = [0] if self.rank != 0 else []
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if dead and not behind:
+            who = ", ".join(f"rank {r}" for r in dead)
+            return (
+                f"{who} of {self.world_size} died during collective #{self.collectives} ({what}): its process is "
+                f"gone. Rank {self.rank} stops too ({first[:MAX_CAUSE_CHARS]})."
+            )
         if behind:
             who = ", ".join(f"rank {r}" for r in behind)
             return (
@@ -262,11 +274,34 @@ class Ranks:
         cause = first[:MAX_CAUSE_CHARS]
         return f"a rank of {self.world_size} failed during {what} ({cause}); rank {self.rank} stops too."
 
+    def _process_gone(self, rank: int) -> bool:
+        """Whether `rank` ran on this machine and its process has ended (unknown elsewhere: False)."""
+        host, _, pid = self.store.get(PROCESS_KEY.format(rank)).decode().partition(" ")
+        if host != socket.gethostname():
+            return False
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
     def gather(self, value) -> list:
-        """`value` from every rank, in rank order."""
-        values = [None] * self.world_size
-        self._collective("gathering figures", lambda: dist.all_gather_object(values, value, group=self.cpu_group))
-        return values
+        """`value` (plain data: numbers, strings, lists, dicts) from every rank, in rank order. It
+        travels as JSON bytes in tensors: nothing a rank receives is unpickled."""
+        return self._collective("gathering figures", lambda: self._gather_json(value))
+
+    def _gather_json(self, value) -> list:
+        data = torch.frombuffer(bytearray(json.dumps(value).encode()), dtype=torch.uint8)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+        dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64), group=self.cpu_group)
+        longest = max(int(size) for size in sizes)
+        padded = torch.zeros(longest, dtype=torch.uint8)
+        padded[: len(data)] = data
+        received = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world_size)]
+        dist.all_gather(received, padded, group=self.cpu_group)
+        return [json.loads(bytes(r[: int(n)].tolist())) for r, n in zip(received, sizes)]
 
     def average_gradients(self, params, figures: torch.Tensor) -> None:
         """Replaces each parameter's gradient, and `figures` (the loss terms), by their mean over the
@@ -304,9 +339,9 @@ class Ranks:
     def check_same_config(self, cfg) -> None:
         """Refuses to start when the ranks' configs differ (each rank composed its own)."""
         mine = to_plain_dict(cfg)
-        configs = self.gather(pickle.dumps(mine))
+        configs = self.gather(mine)
         for rank, theirs in enumerate(configs):
-            differences = config_changes(pickle.loads(theirs), mine)
+            differences = config_changes(theirs, mine)
             if differences:
                 listed = "; ".join(
                     f"{key}: {old!r} on rank {rank}, {new!r} here" for key, (old, new) in differences.items()
