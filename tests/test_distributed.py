@@ -218,7 +218,10 @@ def test_a_signal_to_one_rank_stops_all_with_one_checkpoint_and_two_ranks_resume
 
 def test_slurm_tasks_under_submitit_give_rank_world_size_and_master(monkeypatch):
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(key, raising=False)
+        # set, then deleted: monkeypatch restores each as it was (absent) after the test, although
+        # from_environment writes them into os.environ, which would leak into later tests' CLI runs
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     slurm = dict(SLURM_JOB_ID="4242", SLURM_NTASKS="4", SLURM_JOB_NUM_NODES="2", SLURM_JOB_NODELIST="gpu[07-08]")
     slurm.update(SLURM_NODEID="1", SLURM_PROCID="3", SLURM_LOCALID="1", SUBMITIT_EXECUTOR="slurm")
     for key, value in slurm.items():
