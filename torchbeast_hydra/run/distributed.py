@@ -275,17 +275,18 @@ class Ranks:
         return f"a rank of {self.world_size} failed during {what} ({cause}); rank {self.rank} stops too."
 
     def _process_gone(self, rank: int) -> bool:
-        """Whether `rank` ran on this machine and its process has ended (unknown elsewhere: False)."""
+        """Whether `rank` ran on this machine and its process has ended (unknown elsewhere: False).
+        A killed rank this process spawned stays a zombie until reaped: that counts as ended."""
         host, _, pid = self.store.get(PROCESS_KEY.format(rank)).decode().partition(" ")
         if host != socket.gethostname():
             return False
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
+        if not Path("/proc/self").exists():  # no /proc (not Linux): say nothing
             return False
-        return False
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:  # no such process
+            return True
+        return state in ("Z", "X")
 
     def gather(self, value) -> list:
         """`value` (plain data: numbers, strings, lists, dicts) from every rank, in rank order. It
