@@ -1,4 +1,5 @@
-"""Hydra sweepers optimise what a job returns: training's final mean return, mode=test's evaluation."""
+"""Hydra sweepers optimise what a job returns (eval.objective; here `train`: a tiny run's greedy final
+evaluations all score alike, its training returns do not), and mode=test's evaluation."""
 
 import math
 
@@ -8,20 +9,24 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from torchbeast_hydra.__main__ import CONFIG_DIR, run
+from torchbeast_hydra.logs.metrics import read_rows
 
-from helpers import TINY, rows, run_sweep
+from helpers import TINY, run_sweep
 
 
 def job_return(job_dir):
-    """What a finished training job returns: the mean of its last 100 episode returns (logs.csv)."""
-    returns = [r for row in rows(job_dir) for r in row["episode_returns"]][-100:]
+    """What a finished training job returns with eval.objective=train: the mean of its last 100
+    episode returns (logs.csv)."""
+    returns = [r for row in read_rows(job_dir) for r in row["episode_returns"]][-100:]
     return sum(returns) / len(returns)
 
 
 @pytest.mark.slow
 def test_optuna_preset_maximises_the_returned_mean_return(tmp_path):
     sweep = tmp_path / "sweep"
-    result = run_sweep(sweep, *TINY, "hydra/sweeper=lr_entropy", "hydra.sweeper.n_trials=2", timeout=300)
+    result = run_sweep(
+        sweep, *TINY, "eval.objective=train", "hydra/sweeper=lr_entropy", "hydra.sweeper.n_trials=2", timeout=300
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     jobs = [d for d in sweep.iterdir() if d.is_dir() and (d / "logs.csv").exists()]
     assert len(jobs) == 2

@@ -245,7 +245,7 @@ class Ranks:
             raise RankFailure(self._diagnose(what, error)) from error
 
     def _diagnose(self, what: str, error: Exception) -> str:
-        behind, dead = [], []
+        behind, found = [], {}
         try:
             self.store.set_timeout(timedelta(seconds=DIAGNOSIS_TIMEOUT_S))
             for rank in range(self.world_size):
@@ -253,16 +253,16 @@ class Ranks:
                 reached = int(self.store.get(key)) if self.store.check([key]) else 0
                 if reached < self.collectives:
                     behind.append(rank)
-                elif rank != self.rank and self._process_gone(rank):
-                    dead.append(rank)
+                elif rank != self.rank and self._process_state(rank):
+                    found[rank] = self._process_state(rank)
         except Exception:  # the store lives in rank 0 (or torchrun's agent): gone with it
             behind = [0] if self.rank != 0 else []
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
-        if dead and not behind:
-            who = ", ".join(f"rank {r}" for r in dead)
+        if found and not behind:  # it had reached the collective: killed or stopped inside it
+            who = ", ".join(f"rank {r} ({'died' if state == 'gone' else 'stopped'})" for r, state in found.items())
             return (
-                f"{who} of {self.world_size} died during collective #{self.collectives} ({what}): its process is "
-                f"gone. Rank {self.rank} stops too ({first[:MAX_CAUSE_CHARS]})."
+                f"{who} of {self.world_size} during collective #{self.collectives} ({what}). "
+                f"Rank {self.rank} stops too ({first[:MAX_CAUSE_CHARS]})."
             )
         if behind:
             who = ", ".join(f"rank {r}" for r in behind)
@@ -274,19 +274,17 @@ class Ranks:
         cause = first[:MAX_CAUSE_CHARS]
         return f"a rank of {self.world_size} failed during {what} ({cause}); rank {self.rank} stops too."
 
-    def _process_gone(self, rank: int) -> bool:
-        """Whether `rank` ran on this machine and its process has ended (unknown elsewhere: False).
-        A killed rank this process spawned stays a zombie until reaped: that counts as ended."""
+    def _process_state(self, rank: int) -> str | None:
+        """ "gone" or "stopped" for a rank on this machine whose process has ended (a killed rank this
+        process spawned stays a zombie until reaped) or is stopped (SIGSTOP); None otherwise or elsewhere."""
         host, _, pid = self.store.get(PROCESS_KEY.format(rank)).decode().partition(" ")
-        if host != socket.gethostname():
-            return False
-        if not Path("/proc/self").exists():  # no /proc (not Linux): say nothing
-            return False
+        if host != socket.gethostname() or not Path("/proc/self").exists():  # no /proc: not Linux
+            return None
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
         except OSError:  # no such process
-            return True
-        return state in ("Z", "X")
+            return "gone"
+        return {"Z": "gone", "X": "gone", "T": "stopped", "t": "stopped"}.get(state)
 
     def gather(self, value) -> list:
         """`value` (plain data: numbers, strings, lists, dicts) from every rank, in rank order. It
