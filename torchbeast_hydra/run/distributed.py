@@ -253,8 +253,8 @@ class Ranks:
                 reached = int(self.store.get(key)) if self.store.check([key]) else 0
                 if reached < self.collectives:
                     behind.append(rank)
-                elif rank != self.rank and self._process_state(rank):
-                    found[rank] = self._process_state(rank)
+                elif rank != self.rank and (state := self._process_state(rank)):
+                    found[rank] = state
         except Exception:  # the store lives in rank 0 (or torchrun's agent): gone with it
             behind = [0] if self.rank != 0 else []
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
