@@ -17,7 +17,8 @@ from torchbeast_hydra.config import Config
 from torchbeast_hydra.env.settings import EnvConfig
 from torchbeast_hydra.env.spaces import EnvSpec
 from torchbeast_hydra.errors import ConfigError
-from torchbeast_hydra.learning.learner import Learner, NonFiniteUpdate, compute_losses, make_optimizer
+from torchbeast_hydra.learning import settings, vtrace
+from torchbeast_hydra.learning.learner import Learner, NonFiniteUpdate, compute_losses, loss_inputs, make_optimizer
 from torchbeast_hydra.learning.settings import RewardClipping, RMSPropConfig, VtraceConfig
 
 GAMMA, BASELINE_COST, ENTROPY_COST = 0.9, 0.5, 0.01
@@ -553,3 +554,126 @@ def test_resume_with_changed_hyperparameters_uses_them_and_rederives_the_schedul
     same = make_learner(cfg)  # and an unchanged config resumes exactly where it was
     same.load_state_dict(state)
     assert same.optimizer.param_groups[0]["lr"] == pytest.approx(0.01 * (1 - 12 / 24))
+
+
+# ---------------------------------------------------------------------------------------------
+# Sample reuse (optim.epochs, optim.minibatches) and PPO's clipped surrogate (vtrace.ppo_clip).
+# ---------------------------------------------------------------------------------------------
+
+
+def log_softmax_taken(logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(logits, -1).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+
+
+def test_clipped_surrogate_by_hand():
+    """pg_loss = -sum min(r A, clip(r, 0.8, 1.2) A), r = pi/mu, A = r_t + gamma vs_{t+1} - V(x_t)."""
+    T, B, A = 5, 3, 3
+    cfg = vtrace_cfg(ppo_clip=0.2)
+    batch, outputs = random_rollout(T, B, A, seed=3)
+    losses = compute_losses(cfg, batch, outputs)
+
+    steps = {k: v[1:] for k, v in batch.items()}
+    ratio = torch.exp(
+        log_softmax_taken(outputs["policy_logits"][:-1], steps["action"])
+        - log_softmax_taken(steps["policy_logits"], steps["action"])
+    )
+    assert ((ratio < 0.8) | (ratio > 1.2)).any() and ((ratio > 0.8) & (ratio < 1.2)).any()  # both cases
+    discounts = GAMMA * (~steps["done"]).float()
+    log_rhos = torch.log(ratio)
+    values = outputs["baseline"]
+    targets = vtrace.from_importance_weights(log_rhos, discounts, steps["reward"], values[:-1], values[-1])
+    vs_next = torch.cat([targets.vs[1:], outputs["baseline"][-1:]])
+    advantages = steps["reward"] + discounts * vs_next - outputs["baseline"][:-1]
+    expected = -torch.min(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages).sum()
+    assert losses["pg_loss"].item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_clipped_surrogate_on_policy_has_impalas_gradient_and_none_beyond_the_clip():
+    T, B, A = 5, 3, 3
+    batch, outputs = random_rollout(T, B, A, seed=4)
+    batch["policy_logits"][1:] = outputs["policy_logits"][:-1]  # on-policy: r = 1 everywhere
+    _, impala_grad, _ = losses_and_grads(vtrace_cfg(), batch, outputs)
+    _, ppo_grad, _ = losses_and_grads(vtrace_cfg(ppo_clip=0.2), batch, outputs)
+    torch.testing.assert_close(ppo_grad, impala_grad)
+
+    # Far off-policy (r > 1.2 with A > 0, or r < 0.8 with A < 0): those steps' gradient is clipped to 0.
+    batch["policy_logits"][1:] = 3.0 * torch.randn(T, B, A, generator=torch.Generator().manual_seed(5))
+    cfg = vtrace_cfg(ppo_clip=0.2)
+    outputs_grad = {k: v.detach().clone().requires_grad_(True) for k, v in outputs.items()}
+    compute_losses(cfg, batch, outputs_grad)["pg_loss"].backward()
+    steps = {k: v[1:] for k, v in batch.items()}
+    ratio = torch.exp(
+        log_softmax_taken(outputs["policy_logits"][:-1], steps["action"])
+        - log_softmax_taken(steps["policy_logits"], steps["action"])
+    )
+    advantages = loss_inputs(cfg, batch, outputs).advantages
+    clipped = ((ratio > 1.2) & (advantages > 0)) | ((ratio < 0.8) & (advantages < 0))
+    assert clipped.any() and (~clipped).any()
+    step_grads = outputs_grad["policy_logits"].grad[:-1].abs().sum(-1)
+    assert torch.all(step_grads[clipped] == 0)
+    assert torch.all(step_grads[~clipped] > 0)
+
+
+def test_normalized_advantages_have_zero_mean_unit_std_over_real_steps():
+    batch, outputs = random_rollout(6, 4, 3, seed=6)
+    batch["mask"][4:, 1] = False
+    inputs = loss_inputs(vtrace_cfg(normalize_advantages=True), batch, outputs)
+    real = inputs.mask > 0
+    assert inputs.advantages[real].mean().item() == pytest.approx(0.0, abs=1e-6)
+    assert inputs.advantages[real].std(unbiased=False).item() == pytest.approx(1.0, rel=1e-4)
+    assert torch.all(inputs.advantages[~real] == 0)
+    raw = loss_inputs(vtrace_cfg(), batch, outputs).targets.pg_advantages
+    torch.testing.assert_close(inputs.targets.pg_advantages, raw)  # the targets themselves untouched
+
+
+def test_epochs_and_minibatches_take_that_many_steps_and_count_each_sample_once():
+    cfg = learner_cfg(batch_size=4, unroll_length=3, total_steps=1000)
+    cfg.model.normalize_obs = True
+    cfg.optim.epochs, cfg.optim.minibatches = 3, 2
+    learner = make_learner(cfg)
+    norm = learner.model.body.normalize
+    seen_columns = []
+    original_step = learner._step
+    learner._step = lambda part, state: (
+        seen_columns.append(part["frame"][0, :, 0].tolist()) or original_step(part, state)
+    )
+    batch = learner_batch(cfg)
+    stats = learner.update(batch, ())
+    assert len(seen_columns) == 6  # 3 epochs x 2 minibatches
+    assert learner.optimizer.state_dict()["state"][0]["step"].item() == 6
+    first_column = batch["frame"][0, :, 0].tolist()
+    for epoch in range(3):  # each epoch: every column once, in two halves of whole unrolls
+        halves = seen_columns[2 * epoch : 2 * epoch + 2]
+        assert [len(h) for h in halves] == [2, 2]
+        assert sorted(halves[0] + halves[1]) == sorted(first_column)
+    assert norm.count.item() == 4 * 4  # the learner's forward sees rows 0..T of 4 columns, once
+    assert learner.steps == 12  # the LR schedule counts the batch once, not per pass
+    assert stats["learning_rate"] == pytest.approx(cfg.optim.learning_rate * (1 - 12 / 1000))
+
+
+def test_minibatches_must_fit_the_batch():
+    cfg = learner_cfg(batch_size=4)
+    cfg.optim.minibatches = 5
+    with pytest.raises(ConfigError, match="optim.minibatches=5 must be between 1 and batch_size=4"):
+        settings.check(cfg)
+    cfg.optim.minibatches, cfg.optim.epochs = 2, 0
+    with pytest.raises(ConfigError, match="optim.epochs must be at least 1"):
+        settings.check(cfg)
+
+
+def test_separate_critic_keeps_the_value_loss_out_of_the_policys_body():
+    cfg = learner_cfg()
+    cfg.model.separate_critic = True
+    learner = make_learner(cfg)
+    model = learner.model
+    assert model.critic_body is not None and model.critic_body is not model.body
+    batch = learner_batch(cfg)
+    outputs, _ = model(batch, (), action="none")
+    losses = compute_losses(cfg.vtrace, batch, outputs)
+    losses["baseline_loss"].backward(retain_graph=True)
+    assert all(p.grad is None or torch.all(p.grad == 0) for p in model.body.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.critic_body.parameters())
+    model.zero_grad(set_to_none=True)
+    (losses["pg_loss"] + losses["entropy_loss"]).backward()
+    assert all(p.grad is None or torch.all(p.grad == 0) for p in model.critic_body.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.body.parameters())

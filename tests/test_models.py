@@ -181,3 +181,14 @@ def test_running_norm_learns_from_the_learner_only_and_is_checkpointed():
     torch.testing.assert_close(acting.body.normalize.mean, norm.mean)
     normalised = norm(flat.float())
     assert normalised.abs().max() <= 10.0 and torch.allclose(normalised.mean(0), torch.zeros(3), atol=1e-3)
+
+
+def test_mlp_activation_is_chosen_by_name_and_a_wrong_name_is_refused():
+    spec = EnvSpec.box((4,), np.dtype("float32"), 2)
+    tanh = make_model(MLPConfig(activation="tanh"), spec)
+    assert [type(m).__name__ for m in tanh.body.layers if not isinstance(m, (torch.nn.Linear, torch.nn.Flatten))] == [
+        "Tanh",
+        "Tanh",
+    ]
+    with pytest.raises(ConfigError, match="model.activation='gelu' is not one of relu, tanh"):
+        make_model(MLPConfig(activation="gelu"), spec)

@@ -4,7 +4,7 @@ Eq. 1 of the paper, with per-step discounts gamma_t = discounts[t]:
 
     v_s = V(x_s) + sum_{t=s}^{T-1} (prod_{i=s}^{t-1} gamma_i) (prod_{i=s}^{t-1} c_i) delta_t V
     delta_t V = rho_t (r_t + gamma_t V(x_{t+1}) - V(x_t))
-    rho_t = min(rho_bar, pi/mu),  c_i = min(1, pi/mu)
+    rho_t = min(rho_bar, pi/mu),  c_i = lambda min(1, pi/mu)   (lambda = 1 in the paper's main results)
 
 with V(x_T) = bootstrap_value, and the policy-gradient advantage
 
@@ -30,7 +30,7 @@ def clip(x: float, threshold) -> float:
     return x if threshold is None else min(threshold, x)
 
 
-def reference_vtrace(log_rhos, discounts, rewards, values, bootstrap_value, clip_rho, clip_pg_rho):
+def reference_vtrace(log_rhos, discounts, rewards, values, bootstrap_value, clip_rho, clip_pg_rho, trace_lambda=1.0):
     """Eq. 1 of the paper, one (s, t) term at a time. Arrays [T, B] (bootstrap [B]); float64 out."""
     log_rhos, discounts, rewards, values = (
         np.asarray(x, dtype=np.float64) for x in (log_rhos, discounts, rewards, values)
@@ -54,7 +54,7 @@ def reference_vtrace(log_rhos, discounts, rewards, values, bootstrap_value, clip
                 trace_product = 1.0
                 for i in range(s, t):
                     discount_product *= discounts[i, b]
-                    trace_product *= min(1.0, ratio(i))
+                    trace_product *= trace_lambda * min(1.0, ratio(i))
                 rho_t = clip(ratio(t), clip_rho)
                 delta_t = rho_t * (rewards[t, b] + discounts[t, b] * V(t + 1) - V(t))
                 total += discount_product * trace_product * delta_t
@@ -95,6 +95,26 @@ def test_from_importance_weights_matches_paper(B, T, clip_rho, clip_pg_rho):
     out = vtrace.from_importance_weights(**inputs, clip_rho_threshold=clip_rho, clip_pg_rho_threshold=clip_pg_rho)
     np.testing.assert_allclose(out.vs.numpy(), expected_vs, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(out.pg_advantages.numpy(), expected_adv, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("trace_lambda", [0.0, 0.5, 0.95])
+def test_trace_lambda_matches_paper(trace_lambda):
+    inputs = random_inputs(12, 4, seed=11)
+    expected_vs, expected_adv = reference_vtrace(
+        *(inputs[k].numpy() for k in ("log_rhos", "discounts", "rewards", "values", "bootstrap_value")),
+        1.0,
+        1.0,
+        trace_lambda,
+    )
+    out = vtrace.from_importance_weights(**inputs, trace_lambda=trace_lambda)
+    np.testing.assert_allclose(out.vs.numpy(), expected_vs, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(out.pg_advantages.numpy(), expected_adv, rtol=1e-10, atol=1e-10)
+    if trace_lambda == 0.0:  # no traces: one-step TD targets
+        values_next = torch.cat([inputs["values"][1:], inputs["bootstrap_value"][None]])
+        one_step = inputs["values"] + inputs["log_rhos"].exp().clamp(max=1.0) * (
+            inputs["rewards"] + inputs["discounts"] * values_next - inputs["values"]
+        )
+        torch.testing.assert_close(out.vs, one_step)
 
 
 def test_float32_inputs_match_reference():

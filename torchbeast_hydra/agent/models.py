@@ -156,8 +156,11 @@ class RunningNorm(nn.Module):
     The statistics are buffers: they are checkpointed and copied to the acting policy with the
     weights. Only the learner's forward pass updates them (training mode, gradients on: the acting
     copies run in eval mode under no_grad, test mode in eval mode), so they follow the data the
-    learner sees and stay frozen in test mode.
+    learner sees and stay frozen in test mode. `frozen` holds them while the learner reuses a
+    batch (learner.frozen_statistics), so each sample counts once.
     """
+
+    frozen = False
 
     def __init__(self, size: int, clip: float = 10.0, epsilon: float = 1e-8):
         super().__init__()
@@ -167,7 +170,7 @@ class RunningNorm(nn.Module):
         self.register_buffer("var", torch.ones(size, dtype=torch.float64))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training and torch.is_grad_enabled():
+        if self.training and torch.is_grad_enabled() and not self.frozen:
             self._update(x.detach().double())
         std = torch.sqrt(self.var + self.epsilon).to(x.dtype)
         return ((x - self.mean.to(x.dtype)) / std).clamp(-self.clip, self.clip)
@@ -188,14 +191,18 @@ class MLPBody(Body):
     """Fully connected layers over a flattened vector observation (standardised first with
     normalize_obs: continuous control's observations differ in scale by orders of magnitude)."""
 
-    def __init__(self, obs_shape: tuple, hidden_sizes=(64, 64), normalize_obs: bool = False):
+    ACTIVATIONS = dict(relu=nn.ReLU, tanh=nn.Tanh)
+
+    def __init__(self, obs_shape: tuple, hidden_sizes=(64, 64), normalize_obs: bool = False, activation: str = "relu"):
         super().__init__()
         if not hidden_sizes:
             raise ValueError("model.hidden_sizes needs at least one layer.")
+        if activation not in self.ACTIVATIONS:
+            raise ValueError(f"model.activation={activation!r} is not one of {', '.join(self.ACTIVATIONS)}.")
         layers, size = [], math.prod(_array_shape(obs_shape, "model=mlp"))
         self.normalize = RunningNorm(size) if normalize_obs else None
         for hidden in hidden_sizes:
-            layers += [nn.Linear(size, hidden), nn.ReLU()]
+            layers += [nn.Linear(size, hidden), self.ACTIVATIONS[activation]()]
             size = hidden
         self.layers = nn.Sequential(nn.Flatten(), *layers)
         self.output_size = size
@@ -217,10 +224,14 @@ class ActorCritic(nn.Module):
         use_lstm: bool,
         lstm_layers: int = 1,
         leaf_keys: tuple = ("frame",),
+        critic_body: nn.Module | None = None,
     ):
-        """actions: the env's action space (an int: that many Discrete actions)."""
+        """actions: the env's action space (an int: that many Discrete actions); critic_body: a
+        body of the baseline's own (model.separate_critic, feed-forward: the LSTM is the policy's),
+        else the baseline shares `body` and the core."""
         super().__init__()
         self.body = body
+        self.critic_body = critic_body
         self.leaf_keys = tuple(leaf_keys)  # ("frame",): the body takes the tensor, else a dict of leaves
         self.actions = ActionSpec.discrete(actions) if isinstance(actions, int) else actions
         self.dist = distribution(self.actions)
@@ -232,7 +243,8 @@ class ActorCritic(nn.Module):
         if use_lstm:
             self.lstm = nn.LSTM(core_size, core_size, num_layers=lstm_layers)
         self.policy = self.dist.head(core_size)
-        self.baseline = nn.Linear(core_size, 1)
+        critic_size = core_size if critic_body is None else critic_body.output_size + self.dist.encoded_size + 1
+        self.baseline = nn.Linear(critic_size, 1)
         orthogonal_(self.policy, gain=0.01)  # a near-uniform (Box: centred) first policy, whatever the features
         orthogonal_(self.baseline, gain=1.0)
 
@@ -247,26 +259,31 @@ class ActorCritic(nn.Module):
     def forward(self, inputs: dict, core_state: tuple = (), action: str = "sample"):
         """action: "sample" from the policy, "greedy" (argmax), or "none" (the learner's pass)."""
         T, B = inputs["done"].shape[:2]
-        if self.leaf_keys == ("frame",):
-            features = self.body(inputs["frame"].flatten(0, 1))
-        else:
-            features = self.body({key: inputs[key].flatten(0, 1) for key in self.leaf_keys})
-        last_action = self.dist.encode(inputs["last_action"].flatten(0, 1))
-        reward = inputs["reward"].flatten(0, 1).clamp(-1, 1).unsqueeze(-1)
-        core_input = torch.cat([features, reward, last_action], dim=-1)
+        core_input = self._core_input(self.body, inputs)
         if self.use_lstm:
             core_output, core_state = self._lstm(core_input.view(T, B, -1), inputs["done"], core_state)
             core_output = core_output.flatten(0, 1)
         else:
             core_output = core_input
         params = self.policy(core_output)
-        baseline = self.baseline(core_output)
+        critic_input = core_output if self.critic_body is None else self._core_input(self.critic_body, inputs)
+        baseline = self.baseline(critic_input)
         outputs = dict(policy_logits=params.view(T, B, -1), baseline=baseline.view(T, B))
         if action == "greedy":
             outputs["action"] = self.dist.greedy(params).view(T, B, *self.actions.step_shape)
         elif action == "sample":
             outputs["action"] = self.dist.sample(params).view(T, B, *self.actions.step_shape)
         return outputs, core_state
+
+    def _core_input(self, body: nn.Module, inputs: dict) -> torch.Tensor:
+        """[T*B, features + reward + last action]: a body's features with the last step's feedback."""
+        if self.leaf_keys == ("frame",):
+            features = body(inputs["frame"].flatten(0, 1))
+        else:
+            features = body({key: inputs[key].flatten(0, 1) for key in self.leaf_keys})
+        last_action = self.dist.encode(inputs["last_action"].flatten(0, 1))
+        reward = inputs["reward"].flatten(0, 1).clamp(-1, 1).unsqueeze(-1)
+        return torch.cat([features, reward, last_action], dim=-1)
 
     def _lstm(self, core_input: torch.Tensor, done: torch.Tensor, core_state: tuple):
         # cuDNN refuses a non-contiguous hidden state ("rnn: hx is not contiguous"), which batching
@@ -300,7 +317,7 @@ class ActorCritic(nn.Module):
 
 
 # The core's fields of a model config; the others are the body's (models.Body).
-CORE_FIELDS = ("_target_", "use_lstm", "lstm_layers")
+CORE_FIELDS = ("_target_", "use_lstm", "lstm_layers", "separate_critic")
 
 
 def make_model(cfg, spec: EnvSpec) -> ActorCritic:
@@ -314,6 +331,13 @@ def make_model(cfg, spec: EnvSpec) -> ActorCritic:
     if not target:
         raise ConfigError("model._target_ must name the model's body class, e.g. my_pkg.models.MyBody.")
     body_fields = {key: value for key, value in fields.items() if key not in CORE_FIELDS}
+    body = _make_body(target, body_fields, spec)
+    critic_body = _make_body(target, body_fields, spec) if fields.get("separate_critic", False) else None
+    lstm = fields.get("use_lstm", False), fields.get("lstm_layers", 1)
+    return ActorCritic(body, spec.actions, *lstm, leaf_keys=spec.leaf_keys, critic_body=critic_body)
+
+
+def _make_body(target: str, body_fields: dict, spec: EnvSpec) -> nn.Module:
     try:
         body = hydra.utils.instantiate({"_target_": target, **body_fields}, obs_shape=spec.obs_shape, _convert_="all")
     except Exception as error:
@@ -322,8 +346,7 @@ def make_model(cfg, spec: EnvSpec) -> ActorCritic:
             f"model {target} cannot be built for observations {spec.obs_shape} with {body_fields}: {cause}"
         ) from cause
     _check_body(body, target, spec)
-    lstm = fields.get("use_lstm", False), fields.get("lstm_layers", 1)
-    return ActorCritic(body, spec.actions, *lstm, leaf_keys=spec.leaf_keys)
+    return body
 
 
 def _check_body(body, target: str, spec: EnvSpec) -> None:

@@ -23,6 +23,10 @@ class ModelConfig:
     _target_: str = MISSING  # the body class, e.g. my_pkg.models.MyBody
     use_lstm: bool = False  # an LSTM core between the body's features and the policy and baseline heads
     lstm_layers: int = 1  # with use_lstm
+    # The baseline on a body of its own (same class and fields), not sharing the policy's features:
+    # the value loss then cannot pull the policy's features (continuous control). Feed-forward: with
+    # use_lstm, the LSTM is the policy's.
+    separate_critic: bool = False
 
 
 @dataclass
@@ -50,6 +54,7 @@ class MLPConfig(ModelConfig):
     _target_: str = "torchbeast_hydra.agent.models.MLPBody"
     hidden_sizes: List[int] = field(default_factory=lambda: [64, 64])  # one ReLU layer each
     normalize_obs: bool = False  # standardise observations by running statistics (checkpointed)
+    activation: str = "relu"  # between layers: relu or tanh (CleanRL's PPO on MuJoCo)
 
 
 @dataclass

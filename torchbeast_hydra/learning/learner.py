@@ -17,6 +17,7 @@ logs each one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 
 from torchbeast_hydra.agent.distributions import Distribution, distribution
+from torchbeast_hydra.agent.models import RunningNorm
 from torchbeast_hydra.env.actions import ActionSpec
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning import accel, vtrace
@@ -54,6 +56,9 @@ class LossInputs:
     mask: torch.Tensor
     targets: vtrace.VTraceReturns
     dist: Distribution
+    log_probs: torch.Tensor
+    behaviour_log_probs: torch.Tensor
+    advantages: torch.Tensor
 
 
 # A loss term: LossInputs -> a scalar tensor (summed over time and batch, as in TorchBeast).
@@ -61,8 +66,14 @@ LossTerm = Callable[[LossInputs], torch.Tensor]
 
 
 def policy_gradient_term(inputs: LossInputs) -> torch.Tensor:
-    log_probs = inputs.dist.log_prob(inputs.outputs["policy_logits"], inputs.steps["action"])
-    return -(log_probs * inputs.targets.pg_advantages.detach() * inputs.mask).sum()
+    """IMPALA's policy gradient, or with vtrace.ppo_clip PPO's clipped surrogate on pi/mu."""
+    advantages, clip = inputs.advantages.detach(), inputs.cfg.ppo_clip
+    if clip is None:
+        return -(inputs.log_probs * advantages * inputs.mask).sum()
+    ratio = torch.exp(inputs.log_probs - inputs.behaviour_log_probs)
+    surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)
+    # where(), not a product: a padded step's ratio may be inf, and inf * 0 is NaN.
+    return -torch.where(inputs.mask > 0, surrogate, torch.zeros_like(surrogate)).sum()
 
 
 def baseline_term(inputs: LossInputs) -> torch.Tensor:
@@ -147,8 +158,26 @@ def loss_inputs(cfg: VtraceConfig, batch: dict, outputs: dict, dist: Distributio
         bootstrap_value=bootstrap_value,
         clip_rho_threshold=cfg.clip_rho_threshold,
         clip_pg_rho_threshold=cfg.clip_pg_rho_threshold,
+        trace_lambda=cfg.trace_lambda,
     )
-    return LossInputs(cfg, steps, outputs, bootstrap_value, rewards, mask, targets, dist)
+    advantages = targets.pg_advantages
+    if cfg.ppo_clip is not None:  # the surrogate's ratio does the importance weighting
+        vs_next = torch.cat([targets.vs[1:], bootstrap_value.detach().unsqueeze(0)])
+        advantages = (rewards + discounts * vs_next - outputs["baseline"].detach()) * mask
+    if cfg.normalize_advantages:
+        advantages = standardised(advantages, mask)
+    return LossInputs(
+        cfg, steps, outputs, bootstrap_value, rewards, mask, targets, dist,
+        log_probs=target_log_probs, behaviour_log_probs=behavior_log_probs, advantages=advantages,
+    )  # fmt: skip
+
+
+def standardised(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """values with zero mean and unit variance over the real steps (padding stays 0)."""
+    count = mask.sum().clamp(min=1)
+    mean = (values * mask).sum() / count
+    std = (((values - mean) * mask).pow(2).sum() / count).sqrt()
+    return (values - mean) / (std + 1e-8) * mask
 
 
 def make_optimizer(cfg: OptimConfig, params) -> torch.optim.Optimizer:
@@ -188,6 +217,31 @@ def make_scheduler(cfg: OptimConfig, optimizer, steps_done, total_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda update: max(0.0, 1.0 - steps_done() / total_steps))
 
 
+def minibatches(batch: dict, core_state: tuple, count: int, shuffle: bool):
+    """The batch (and the core state it starts from) split by columns, whole unrolls, into `count`
+    parts, in a random order when shuffle; count=1: the batch itself, uncopied."""
+    if count == 1:
+        yield batch, core_state
+        return
+    size, device = batch["done"].shape[1], batch["done"].device
+    order = torch.randperm(size, device=device) if shuffle else torch.arange(size, device=device)
+    for columns in order.chunk(count):
+        yield {key: value[:, columns] for key, value in batch.items()}, tuple(s[:, columns] for s in core_state)
+
+
+@contextlib.contextmanager
+def frozen_statistics(model: nn.Module, frozen: bool):
+    """While frozen, the model's running statistics (RunningNorm) do not update."""
+    norms = [m for m in model.modules() if isinstance(m, RunningNorm)] if frozen else []
+    for norm in norms:
+        norm.frozen = True
+    try:
+        yield
+    finally:
+        for norm in norms:
+            norm.frozen = False
+
+
 class NonFiniteUpdate(RuntimeError):
     """A NaN/inf loss or gradient with optim.on_nonfinite=stop."""
 
@@ -211,12 +265,28 @@ class Learner:
         self.loss_terms = loss_terms(cfg.vtrace)  # a bad vtrace.extra_losses fails here, before acting
 
     def update(self, batch: dict, initial_core_state: tuple, steps: int | None = None) -> dict:
-        """One optimisation step; returns floats for logging. Non-finite updates are skipped.
+        """Learns from a batch: optim.epochs passes, each of optim.minibatches optimiser steps on
+        whole unrolls (one step by default, IMPALA's); returns floats for logging, the figures
+        averaged over the steps. Non-finite steps are skipped.
 
         steps: the batch's real steps, when the caller counted them on the CPU copy (on a GPU,
         counting them here would wait for the device)."""
         self.steps += int(batch["mask"][1:].sum()) if steps is None else steps
         self.model.train()
+        optim = self.cfg.optim
+        figures = []
+        for epoch in range(optim.epochs):
+            # Running statistics (observation normalisation) count each sample once.
+            with frozen_statistics(self.model, frozen=epoch > 0):
+                for part, state in minibatches(batch, initial_core_state, optim.minibatches, shuffle=optim.epochs > 1):
+                    figures.append(self._step(part, state))
+        self.scheduler.step()
+        stats = {name: sum(values) / len(values) for name, values in zip(self._figure_names, zip(*figures))}
+        stats["learning_rate"] = self.scheduler.get_last_lr()[0]
+        return stats
+
+    def _step(self, batch: dict, initial_core_state: tuple) -> list:
+        """One optimiser step on (part of) a batch; its figures (the loss terms, the grad norm)."""
         with accel.autocast(self.cfg.accel, self.device):
             outputs, _ = self.forward(batch, initial_core_state, action="none")
         outputs = {key: value.float() for key, value in outputs.items()}  # V-trace and the losses in fp32
@@ -227,23 +297,23 @@ class Learner:
         if self.average_gradients is not None:  # every rank steps with the same (mean) gradient
             self.average_gradients(self.model.parameters(), figures)
         grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_norm_clipping)
+        self._figure_names = [*losses, "grad_norm"]
         # One device-to-host copy for all the figures: on a GPU each .item() would wait on its own.
-        names = [*losses, "grad_norm"]
-        stats = dict(zip(names, torch.cat([figures, grad_norm.detach().reshape(1)]).tolist()))
-        if math.isfinite(stats["total_loss"]) and math.isfinite(stats["grad_norm"]):
+        figures = torch.cat([figures, grad_norm.detach().reshape(1)]).tolist()
+        if math.isfinite(figures[0]) and math.isfinite(figures[-1]):  # total_loss and grad_norm
             self.optimizer.step()
         elif OnNonFinite(self.cfg.optim.on_nonfinite) is OnNonFinite.stop:
             raise NonFiniteUpdate(
-                f"non-finite loss or gradient ({stats}); the weights were not updated. Look for NaN/inf "
-                "rewards or observations, or lower optim.learning_rate; optim.on_nonfinite=skip skips "
-                "such updates instead."
+                f"non-finite loss or gradient ({dict(zip(self._figure_names, figures))}); the weights were "
+                "not updated. Look for NaN/inf rewards or observations, or lower optim.learning_rate; "
+                "optim.on_nonfinite=skip skips such updates instead."
             )
         else:
             self.skipped_updates += 1
-            log.warning("Skipped an update with a non-finite loss or gradient: %s", stats)
-        self.scheduler.step()
-        stats["learning_rate"] = self.scheduler.get_last_lr()[0]
-        return stats
+            log.warning(
+                "Skipped an update with a non-finite loss or gradient: %s", dict(zip(self._figure_names, figures))
+            )
+        return figures
 
     def state_dict(self) -> dict:
         return dict(

@@ -40,6 +40,12 @@ class VtraceConfig:
     reward_scale: float = 1.0  # rewards (after clipping) times this in the learning math, e.g. 0.1 for MuJoCo
     clip_rho_threshold: Optional[float] = 1.0  # rho-bar of the value targets; null: no clipping
     clip_pg_rho_threshold: Optional[float] = 1.0  # rho-bar for the policy gradient's advantages; null: no clipping
+    trace_lambda: float = 1.0  # lambda in V-trace's traces c_t = lambda * min(1, rho_t); below 1: less variance
+    # The policy gradient as PPO's clipped surrogate, with V-trace's targets (Sample Factory's APPO):
+    # min(r A, clip(r, 1 - ppo_clip, 1 + ppo_clip) A), r = pi/mu against the behaviour policy and
+    # A = r_t + gamma * vs_{t+1} - V(x_t). What makes optim.epochs > 1 safe. null: IMPALA's gradient.
+    ppo_clip: Optional[float] = None
+    normalize_advantages: bool = False  # the policy gradient's advantages standardised per minibatch
     # Your own loss terms, added to IMPALA's: name (ending in _loss, logged under it) ->
     # {fn: module.function (LossInputs -> scalar tensor, see learner.py), cost: its weight}, e.g.
     # +vtrace.extra_losses.kl_loss={fn:my_losses.kl_to_behaviour,cost:0.1}
@@ -55,6 +61,10 @@ class OptimConfig:
     epsilon: float = 0.01  # added to the denominator, for stability
     grad_norm_clipping: float = 40.0  # the gradients' global norm is clipped to this
     anneal_lr: bool = True  # linearly to zero at total_steps
+    # Sample reuse: each batch is learned from `epochs` times, each time split into `minibatches`
+    # (whole unrolls, by batch column) with one optimiser step each. 1 and 1: IMPALA's one step per batch.
+    epochs: int = 1
+    minibatches: int = 1
     on_nonfinite: OnNonFinite = OnNonFinite.skip  # a NaN/inf loss or gradient
 
 
@@ -105,6 +115,8 @@ def check(cfg) -> None:
     for key in ("baseline_cost", "entropy_cost"):
         require(vtrace[key] >= 0, f"vtrace.{key} must be >= 0.")
     require(vtrace.reward_scale > 0, "vtrace.reward_scale must be positive.")
+    require(0.0 <= vtrace.trace_lambda <= 1.0, "vtrace.trace_lambda must be in [0, 1].")
+    require(vtrace.ppo_clip is None or vtrace.ppo_clip > 0, "vtrace.ppo_clip must be positive or null (off).")
     for key in ("clip_rho_threshold", "clip_pg_rho_threshold"):
         value = vtrace[key]
         require(value is None or value > 0, f"vtrace.{key} must be positive or null (no clipping).")
@@ -121,5 +133,11 @@ def check(cfg) -> None:
     require(optim.learning_rate > 0, f"optim.learning_rate={optim.learning_rate} must be positive.")
     require(optim.epsilon > 0, "optim.epsilon must be positive.")
     require(optim.grad_norm_clipping > 0, "optim.grad_norm_clipping must be positive.")
+    require(optim.epochs >= 1, "optim.epochs must be at least 1.")
+    require(
+        1 <= optim.minibatches <= cfg.batch_size,
+        f"optim.minibatches={optim.minibatches} must be between 1 and batch_size={cfg.batch_size} "
+        "(a minibatch is whole unrolls).",
+    )
     if OptimName(optim.name) is OptimName.adam:
         require(len(optim.betas) == 2, "optim.betas must have two values, e.g. [0.9,0.999].")

@@ -3,7 +3,8 @@
 All tensors are time-major: [T, B]; bootstrap_value is [B]. The targets are computed backwards
 with the recursion  vs_t - V(x_t) = delta_t + gamma_t * c_t * (vs_{t+1} - V(x_{t+1})),  where
 delta_t = rho_t * (r_t + gamma_t * V(x_{t+1}) - V(x_t)), rho_t = min(rho_bar, pi/mu) and
-c_t = min(1, pi/mu).
+c_t = lambda * min(1, pi/mu) (lambda = 1 in the paper's main results; below 1 it trades bias for
+variance as GAE's lambda does).
 """
 
 from __future__ import annotations
@@ -74,11 +75,12 @@ def from_importance_weights(
     bootstrap_value: torch.Tensor,
     clip_rho_threshold: Optional[float] = 1.0,
     clip_pg_rho_threshold: Optional[float] = 1.0,
+    trace_lambda: float = 1.0,
 ) -> VTraceReturns:
     """V-trace targets vs and policy-gradient advantages from log importance weights."""
     rhos = torch.exp(log_rhos)
     clipped_rhos = rhos if clip_rho_threshold is None else rhos.clamp(max=clip_rho_threshold)
-    cs = rhos.clamp(max=1.0)
+    cs = trace_lambda * rhos.clamp(max=1.0)
     values_t_plus_1 = torch.cat([values[1:], bootstrap_value.unsqueeze(0)])
     deltas = clipped_rhos * (rewards + discounts * values_t_plus_1 - values)
 
