@@ -157,7 +157,7 @@ class RunningNorm(nn.Module):
     weights. Only the learner's forward pass updates them (training mode, gradients on: the acting
     copies run in eval mode under no_grad, test mode in eval mode), so they follow the data the
     learner sees and stay frozen in test mode. `frozen` holds them while the learner reuses a
-    batch (learner.frozen_statistics), so each sample counts once.
+    batch (learner.frozen), so each sample counts once.
     """
 
     frozen = False
