@@ -6,6 +6,7 @@ resumable in its dir) and read back by the report command (torchbeast_hydra/logs
     python benchmarks/learning.py cartpole                     # experiment=cartpole, seeds 1 2 3, mono and poly
     python benchmarks/learning.py pong --backends mono --seeds 1 2 3 4 5
     python benchmarks/learning.py control --launcher submitit_local      # jobs in parallel
+    python benchmarks/learning.py mujoco --backends mono                 # 4 MuJoCo tasks x 3 seeds
     python benchmarks/learning.py doorkey8 --launcher slurm              # one SLURM job each
     python benchmarks/learning.py pong --from-runs SWEEP_OR_RUN_DIR...   # the report only, no training
 
@@ -15,7 +16,8 @@ to the task's target, aggregate scores normalised by the published baselines of
 torchbeast_hydra/logs/baselines.yaml) into SWEEP_DIR/report.
 
 Targets: Pong +18 (mean over the last 100 whole games; evaluation return where the runs evaluate),
-CartPole 475, InvertedPendulum 950, HalfCheetah CleanRL's PPO at 1M steps (1,443), DoorKey 0.9,
+CartPole 475, InvertedPendulum 950, MuJoCo CleanRL's PPO at 1M steps (HalfCheetah 1,443, Hopper
+2,383, Walker2d 2,288; Ant has no reference at 1M), DoorKey 0.9,
 MiniHack Room-15x15 0.8, NetHack NLE's baseline after 1e9 steps (971; no goal for 5M steps).
 A task with a step budget runs with total_steps at the budget (the learning rate anneals over it).
 """
@@ -35,8 +37,13 @@ from torchbeast_hydra.logs import report
 @dataclass(frozen=True)
 class Task:
     overrides: tuple  # the command's overrides, on top of backend= and seed=
-    target: float  # the report's steps-to-target
+    target: float | dict  # the report's steps-to-target: one for every task, or {env id: target}
     seeds: tuple = (1,)
+
+    @property
+    def targets(self) -> dict:
+        """report.Options.targets: task -> target ("": every task's)."""
+        return dict(self.target) if isinstance(self.target, dict) else {"": self.target}
 
 
 TASKS = {
@@ -44,6 +51,11 @@ TASKS = {
     "cartpole": Task(("experiment=cartpole",), target=475.0, seeds=(1, 2, 3)),
     "control": Task(("experiment=control",), target=950.0, seeds=(1, 2, 3)),
     "half_cheetah": Task(("experiment=control", "env.id=HalfCheetah-v5", "total_steps=3000000"), 1443.0, (1, 2, 3)),
+    "mujoco": Task(
+        ("experiment=control", "env.id=HalfCheetah-v5,Hopper-v5,Walker2d-v5,Ant-v5"),
+        target={"HalfCheetah-v5": 1443.0, "Hopper-v5": 2383.0, "Walker2d-v5": 2288.0},
+        seeds=(1, 2, 3),
+    ),
     "minigrid": Task(("env=minigrid", "total_steps=1000000", "eval.interval_steps=50000"), target=0.9),
     "doorkey8": Task(
         ("env=minigrid", "env.id=MiniGrid-DoorKey-8x8-v0", "total_steps=5000000", "eval.interval_steps=100000"),
@@ -93,7 +105,7 @@ def main(argv=None) -> int:
         subprocess.run(command, check=False)  # a failed or stopped job: the report shows what there is
         paths = [sweep_dir]
     out = args.out or paths[0] / "report"
-    written = report.write_report(paths, out, report.Options(targets={"": task.target}))
+    written = report.write_report(paths, out, report.Options(targets=task.targets))
     print(written["report"].read_text())
     return 0
 

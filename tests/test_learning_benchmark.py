@@ -35,3 +35,14 @@ def test_from_runs_reports_with_the_tasks_target(learning, tmp_path, monkeypatch
     assert learning.main(["cartpole", "--from-runs", str(tmp_path / "sweep"), "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "report.md").read_text()
     assert "| all runs | 2 | 500.0 [500.0, 500.0] | 500.0 [500.0, 500.0] | 2,500 (2/2 seeds) |" in text  # median steps
+
+
+def test_a_task_may_give_each_env_its_own_target(learning, tmp_path):
+    from test_report import write_job
+
+    write_job(tmp_path / "sweep" / "h", "control", "Hopper-v5", 1, [1000.0, 2400.0, 2500.0])
+    write_job(tmp_path / "sweep" / "c", "control", "HalfCheetah-v5", 1, [1000.0, 1450.0, 1500.0])
+    assert learning.TASKS["mujoco"].targets["Hopper-v5"] == 2383.0
+    assert learning.main(["mujoco", "--from-runs", str(tmp_path / "sweep"), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "steps to 2383" in text and "steps to 1443" in text  # each task's own target, in its own table
