@@ -244,3 +244,36 @@ def test_the_slurm_ranks_preset_runs_one_task_per_gpu():
     launcher = cfg.hydra.launcher
     assert (launcher.tasks_per_node, launcher.gpus_per_task, launcher.gpus_per_node) == (2, 1, None)
     assert launcher._target_.endswith("torchbeast_hydra_slurm.launcher.SlurmLauncher")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 2)])
+def test_a_run_stopped_by_a_signal_resumes_with_another_number_of_ranks(tmp_path, before, after):
+    """Resume with a different N: the weights, optimiser state, step count and episodes carry over;
+    each update's rows then count `after` ranks' steps."""
+    run_dir = tmp_path / "run"
+    overrides = [*TWO, "total_steps=12800"]
+    process = _start(run_dir, *overrides, f"distributed.nproc={before}")
+    wait_for(lambda: (run_dir / "logs.csv").exists() and rows(run_dir), 120, "the first update")
+    os.kill(process.pid, signal.SIGUSR2)  # rank 0 (or the only rank): any rank's signal stops all
+    out, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, out
+    assert out.count("Saved checkpoint") == 1 and "Stopped by SIGUSR2" in out
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    stopped_at, episodes = saved["step"], saved["stats"]["episodes"]
+    assert 0 < stopped_at < 12800 and rows(run_dir)[-1]["step"] == stopped_at
+
+    result = run_cli(run_dir, *overrides, f"distributed.nproc={after}", timeout=240)
+    out = result.stdout + result.stderr
+    assert f"Resuming from {run_dir / 'checkpoint.pt'} at step {stopped_at}" in out
+    assert out.count("Finished:") == 1
+    assert out.count(f"Resuming a run of {before} rank(s) with {after}:") == 1  # rank 0 says so
+    assert f"from {before} ranks to {after}" in (run_dir / "torchbeast.log").read_text()
+    steps = [row["step"] for row in rows(run_dir)]
+    assert steps == sorted(steps) and steps[-1] >= 12800
+    per_update = {b - a for a, b in zip(steps, steps[1:])}
+    resumed = steps.index(stopped_at) + 1
+    assert {b - a for a, b in zip(steps[resumed - 1 :], steps[resumed:])} == {after * 4 * 16}
+    assert per_update <= {before * 4 * 16, after * 4 * 16}
+    resumed_state = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert resumed_state["stats"]["episodes"] > episodes and resumed_state["ranks"] == after

@@ -79,6 +79,7 @@ class TrainingRun:
 
         self.checkpoint_path = checkpoint.path_in(self.run_dir)
         self.config_changes = {}  # on resume: key -> (the checkpoint's value, this run's)
+        self.ranks_before = self.world_size  # on resume: the ranks of the run that wrote the checkpoint
         start_step, episodes, elapsed_s = 0, 0, 0.0
         if self.checkpoint_path.exists():
             # On the CPU: the RNG states must stay there; load_state_dict moves the rest to the device.
@@ -92,6 +93,9 @@ class TrainingRun:
             self.config_changes = config_changes(state.get("config", {}), to_plain_dict(cfg))
             for line in describe_changes(self.config_changes) if self.is_main else []:
                 log.warning(line)
+            self.ranks_before = state.get("ranks", 1)  # absent in older checkpoints: one rank
+            if self.ranks_before != self.world_size and self.is_main:
+                log.warning(rank_change(self.ranks_before, self.world_size))
         if ranks is not None:
             ranks.synchronise(self.learner.model, start_step, cfg.seed)
         self.resumed = start_step > 0
@@ -138,6 +142,8 @@ class TrainingRun:
             summary["ranks"] = self.ranks.describe()
         if self.resumed:
             summary["resumed"] = f"at step {self.stats.step:,}, {len(self.config_changes)} settings changed"
+            if self.ranks_before != self.world_size:
+                summary["resumed"] += f", from {self.ranks_before} ranks to {self.world_size}"
         return summary
 
     def add_to_run_info(self, section: str, values: dict) -> None:
@@ -164,6 +170,11 @@ class TrainingRun:
             f"Stopped {why} at step {stats.step:,}/{self.cfg.total_steps:,} after {duration(stats.elapsed_s)}; "
             f"the checkpoint is saved. Resume with: {resume_command(self.run_dir)}"
         )
+
+    @property
+    def world_size(self) -> int:
+        """How many data-parallel ranks this run has (1: no distributed path)."""
+        return 1 if self.ranks is None else self.ranks.world_size
 
     @property
     def is_main(self) -> bool:
@@ -229,7 +240,8 @@ class TrainingRun:
                 learner=self.learner.state_dict(),
                 step=self.stats.step,
                 stats=dict(episodes=self.stats.episodes, time_s=self.stats.elapsed_s),
-                rng=checkpoint.rng_state(),
+                rng=checkpoint.rng_state(),  # rank 0's: the other ranks re-derive theirs on resume
+                ranks=self.world_size,  # a resume may use another number (it says so)
                 config=to_plain_dict(self.cfg),
                 env=env_signature(self.cfg.env.id, self.spec),  # what a resume must match (with the shapes)
             )
@@ -255,6 +267,15 @@ class TrainingRun:
     def close(self) -> None:
         self.evaluations.close()
         self.stats.close()
+
+
+def rank_change(before: int, now: int) -> str:
+    """The line a resume with another number of ranks logs: what carries over, what changes."""
+    return (
+        f"Resuming a run of {before} rank(s) with {now}: the weights, optimiser state, LR schedule, step count "
+        f"and episodes carry over (every rank loads them); an update now learns from {now} x batch_size unrolls "
+        f"(was {before} x), and each rank r > 0 re-seeds from its rank seed (docs/distributed.md)."
+    )
 
 
 def resume_command(run_dir: Path) -> str:
