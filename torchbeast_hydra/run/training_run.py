@@ -185,6 +185,12 @@ class TrainingRun:
     def done(self) -> bool:
         return self.stats.step >= self.cfg.total_steps or self.stop_requested.is_set()
 
+    @property
+    def stopping(self) -> bool:
+        """Done, or a signal asked this rank to stop (with several ranks, before they agree on it):
+        actors or env clients that die now (SLURM signals every process of a job) are not replaced."""
+        return self.done or self.stop_wanted.is_set()
+
     @staticmethod
     def batch_figures(batch: dict) -> tuple[int, list]:
         """(real steps, returns of the episodes that ended) of a batch [T+1, B, ...]; read from its
@@ -227,6 +233,17 @@ class TrainingRun:
             self.stop_requested.set()
             return None
         return agreed.steps, agreed.returns
+
+    def agree_to_stop(self) -> None:
+        """With several ranks, once a signal asked this rank to stop: agree on the stop with the others
+        now, in place of this rank's next update, without waiting for its next batch (under SLURM the
+        signal reaches the actors too: that batch may never come). The others, in their next update's
+        agreement or here, stop with it. The lock keeps it between this rank's updates."""
+        if self.ranks is None or not self.stop_wanted.is_set() or self.done:
+            return
+        with self.lock:
+            if not self.done:
+                self._agree(0, [])  # a stop asked here: every rank stops, none updates
 
     def maybe_checkpoint(self) -> None:
         if time.monotonic() - self._last_save >= self.cfg.checkpoint_interval_s:
