@@ -23,7 +23,7 @@ from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.run import distributed
 from torchbeast_hydra.run.seeding import actor_seed, rank_seed
 
-from helpers import SMALL, cli_env, rows, run_cli, wait_for
+from helpers import SMALL, actor_pids, cli_env, rows, run_cli, wait_for
 
 UPDATES = 5
 
@@ -250,15 +250,21 @@ def test_the_slurm_ranks_preset_runs_one_task_per_gpu():
 @pytest.mark.parametrize("before, after", [(2, 1), (1, 2)])
 def test_a_run_stopped_by_a_signal_resumes_with_another_number_of_ranks(tmp_path, before, after):
     """Resume with a different N: the weights, optimiser state, step count and episodes carry over;
-    each update's rows then count `after` ranks' steps."""
+    each update's rows then count `after` ranks' steps. The stop is SLURM's requeue: SIGTERM to
+    every rank and every actor, which are not replaced: the ranks agree on the stop without
+    waiting for a next batch that no actor is left to make."""
     run_dir = tmp_path / "run"
     overrides = [*TWO, "total_steps=12800"]
     process = _start(run_dir, *overrides, f"distributed.nproc={before}")
     wait_for(lambda: (run_dir / "logs.csv").exists() and rows(run_dir), 120, "the first update")
-    os.kill(process.pid, signal.SIGUSR2)  # rank 0 (or the only rank): any rank's signal stops all
+    ranks = [process.pid, *([_rank_pid(run_dir, 1)] if before == 2 else [])]
+    actors = [actor for rank in ranks for actor in actor_pids(rank)]
+    for pid in ranks + actors:
+        os.kill(pid, signal.SIGTERM)
     out, _ = process.communicate(timeout=120)
     assert process.returncode == 0, out
-    assert out.count("Saved checkpoint") == 1 and "Stopped by SIGUSR2" in out
+    assert out.count("Saved checkpoint") == 1 and "Stopped by SIGTERM" in out
+    assert actors and "starting a replacement" not in out
     saved = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     stopped_at, episodes = saved["step"], saved["stats"]["episodes"]
     assert 0 < stopped_at < 12800 and rows(run_dir)[-1]["step"] == stopped_at
