@@ -23,7 +23,7 @@ from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.run import distributed
 from torchbeast_hydra.run.seeding import actor_seed, rank_seed
 
-from helpers import SMALL, cli_env, rows, run_cli, wait_for
+from helpers import SMALL, actor_pids, cli_env, rows, run_cli, wait_for
 
 UPDATES = 5
 
@@ -244,3 +244,42 @@ def test_the_slurm_ranks_preset_runs_one_task_per_gpu():
     launcher = cfg.hydra.launcher
     assert (launcher.tasks_per_node, launcher.gpus_per_task, launcher.gpus_per_node) == (2, 1, None)
     assert launcher._target_.endswith("torchbeast_hydra_slurm.launcher.SlurmLauncher")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 2)])
+def test_a_run_stopped_by_a_signal_resumes_with_another_number_of_ranks(tmp_path, before, after):
+    """Resume with a different N: the weights, optimiser state, step count and episodes carry over;
+    each update's rows then count `after` ranks' steps. The stop is SLURM's requeue: SIGTERM to
+    every rank and every actor, which are not replaced: the ranks agree on the stop without
+    waiting for a next batch that no actor is left to make."""
+    run_dir = tmp_path / "run"
+    overrides = [*TWO, "total_steps=12800"]
+    process = _start(run_dir, *overrides, f"distributed.nproc={before}")
+    wait_for(lambda: (run_dir / "logs.csv").exists() and rows(run_dir), 120, "the first update")
+    ranks = [process.pid, *([_rank_pid(run_dir, 1)] if before == 2 else [])]
+    actors = [actor for rank in ranks for actor in actor_pids(rank)]
+    for pid in ranks + actors:
+        os.kill(pid, signal.SIGTERM)
+    out, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, out
+    assert out.count("Saved checkpoint") == 1 and "Stopped by SIGTERM" in out
+    assert actors and "starting a replacement" not in out
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    stopped_at, episodes = saved["step"], saved["stats"]["episodes"]
+    assert 0 < stopped_at < 12800 and rows(run_dir)[-1]["step"] == stopped_at
+
+    result = run_cli(run_dir, *overrides, f"distributed.nproc={after}", timeout=240)
+    out = result.stdout + result.stderr
+    assert f"Resuming from {run_dir / 'checkpoint.pt'} at step {stopped_at}" in out
+    assert out.count("Finished:") == 1
+    assert out.count(f"Resuming a run of {before} rank(s) with {after}:") == 1  # rank 0 says so
+    assert f"from {before} ranks to {after}" in (run_dir / "torchbeast.log").read_text()
+    steps = [row["step"] for row in rows(run_dir)]
+    assert steps == sorted(steps) and steps[-1] >= 12800
+    per_update = {b - a for a, b in zip(steps, steps[1:])}
+    resumed = steps.index(stopped_at) + 1
+    assert {b - a for a, b in zip(steps[resumed - 1 :], steps[resumed:])} == {after * 4 * 16}
+    assert per_update <= {before * 4 * 16, after * 4 * 16}
+    resumed_state = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert resumed_state["stats"]["episodes"] > episodes and resumed_state["ranks"] == after

@@ -257,3 +257,73 @@ def test_a_job_that_can_never_start_is_cancelled_and_reported(slurm_cluster, tmp
     state = subprocess.run(["scontrol", "show", "job", job_id], text=True, capture_output=True).stdout
     assert "JobState=CANCELLED" in state, "the hopeless job was cancelled, not left in the queue"
     print(f"reported {time.monotonic() - started:.1f} s after the sweep started")
+
+
+@pytest.mark.parametrize("how", ["USR2", "scontrol requeue"])
+def test_ranks_preset_trains_two_ranks_in_one_job_dir_and_resumes_after_a_requeue(slurm_cluster, tmp_path, how):
+    # hydra/launcher=slurm_ranks with 2 tasks on the one node (gloo): one job dir, rank 0 writes it;
+    # the preemption signal (or a requeue's SIGTERM, which reaches the actors too) stops both ranks
+    # after the same update with one checkpoint; the requeued job resumes and the step count continues.
+    sweep = tmp_path / "sweep"
+    total = 20480
+    ranks = [
+        "hydra/launcher=slurm_ranks",
+        "hydra.launcher.tasks_per_node=2",
+        "hydra.launcher.gpus_per_task=0",
+        "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.mem_gb=1",
+        "hydra.launcher.timeout_min=30",
+        f"hydra.launcher.partition={slurm_cluster}",
+    ]
+    overrides = [*JOB, "eval.interval_steps=0", "eval.final=false", "distributed.timeout_s=60"]
+    overrides += [f"total_steps={total}", "checkpoint_interval_s=3600"]  # only the signal writes a checkpoint
+    started = time.monotonic()
+    process = start_cli(sweep, *overrides, *ranks, multirun=True)
+    try:
+        job_dir = wait_for(
+            lambda: [d for d in sweep.glob("*") if d.is_dir() and (d / "logs.csv").exists() and len(rows(d)) >= 2],
+            120,
+            "the job to train",
+        )[0]
+        (job_id,) = job_ids(sweep)
+        if how == "USR2":  # SLURM's preemption and time-limit signal: submitit checkpoints and requeues
+            subprocess.run(["scancel", "--signal=USR2", job_id], check=True, timeout=30)
+        else:  # SIGTERM to every process of the job, actors included, which SLURM puts back in the queue
+            subprocess.run(["scontrol", "requeue", job_id], check=True, timeout=30)
+        wait_for(
+            lambda: (
+                "JobState=PENDING"
+                in subprocess.run(["scontrol", "show", "job", job_id], text=True, capture_output=True).stdout
+            ),
+            60,
+            "the requeue",
+        )
+        wait_for(lambda: not job_pids(sweep), 60, "the first attempt to exit")
+        time.sleep(2)  # see test_requeued_job_resumes_from_its_checkpoint
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True, timeout=30)
+        code, output = finish(process, timeout=180)
+    finally:
+        process.kill()
+        if (sweep / ".submitit").is_dir():  # a failed test leaves no job behind
+            subprocess.run(["scancel", *job_ids(sweep)], timeout=30)
+    assert code == 0, output
+
+    log = (job_dir / "torchbeast.log").read_text()
+    follower = (sweep / ".submitit" / job_id / f"{job_id}_1_log.out").read_text()
+    assert log.count("ranks    2 (gloo)") == 2  # rank 0's summary, in each attempt
+    assert log.count("Memory estimate") == 2, "rank 1 writes nothing to the run's log"
+    signal_name = "SIGUSR2" if how == "USR2" else "SIGTERM"
+    assert f"Received {signal_name}" in log and f"Received {signal_name}" in follower  # both ranks got it
+    assert log.count("Saved checkpoint") == 2  # the signal's, and the end's
+    stopped = int(re.search(r"Saved checkpoint at step (\d+)", log).group(1))
+    assert 0 < stopped < total
+    assert f"at step {stopped}." in log.split("Resuming from")[1].splitlines()[0]
+    assert "died with exit code" not in log + follower, "actors are not replaced while the ranks stop"
+    assert steps(job_dir) == list(range(128, total + 1, 128)), "two ranks' steps per row, continued"
+    state = checkpoint.load(checkpoint.path_in(job_dir))
+    assert (state["step"], state["ranks"]) == (total, 2)
+    assert sorted(p.name for p in sweep.iterdir()) == sorted(
+        [".submitit", ".sweep_overrides.yaml", "multirun.yaml", job_dir.name]
+    ), "one job dir for both ranks and both attempts"
+    took = time.monotonic() - started
+    print(f"{how}: 2 ranks stopped at step {stopped}, resumed, finished at {total} in {took:.0f} s")

@@ -145,6 +145,8 @@ def run(cfg: DictConfig) -> float:
     model = make_model(cfg.model, spec)  # and so does a model that does not fit the env
     learns = not (cfg.backend.name == "poly" and PolyRole(cfg.backend.role) is PolyRole.env)
     several = learns and distributed.wanted(cfg)  # data-parallel ranks; one rank takes none of their paths
+    if several and distributed.is_follower():  # before its first line: under SLURM every task opened the log
+        distributed.quiet_follower()
     if learns:
         copies = distributed.ranks_on_this_machine(cfg) if several else 1  # each rank holds all of it
         needed = memory.check(cfg, spec, model, resolve_device(cfg.device), copies)  # before any process starts

@@ -89,6 +89,13 @@ def from_environment() -> RankEnv | None:
     )
 
 
+def is_follower() -> bool:
+    """Whether this process is a rank other than 0, as the launcher's environment says (before the
+    ranks meet)."""
+    env = from_environment()
+    return env is not None and env.rank != 0
+
+
 def slurm_tasks() -> int:
     """Tasks of the SLURM job this process is a task of, under submitit (hydra/launcher=slurm); else 0."""
     return int(os.environ.get("SLURM_NTASKS", "1")) if os.environ.get("SUBMITIT_EXECUTOR") == "slurm" else 0

@@ -134,6 +134,7 @@ class Backend:
                 last_log = time.monotonic()
                 while not run.done:
                     self.wait(timeout=0.2)
+                    run.agree_to_stop()  # with several ranks: a stop signal, without waiting for a batch
                     if time.monotonic() - last_log >= self.cfg.logger.log_interval_s:
                         log.info("%s%s", run.stats.progress_line(), self.progress())
                         last_log = time.monotonic()

@@ -79,6 +79,7 @@ class TrainingRun:
 
         self.checkpoint_path = checkpoint.path_in(self.run_dir)
         self.config_changes = {}  # on resume: key -> (the checkpoint's value, this run's)
+        self.ranks_before = self.world_size  # on resume: the ranks of the run that wrote the checkpoint
         start_step, episodes, elapsed_s = 0, 0, 0.0
         if self.checkpoint_path.exists():
             # On the CPU: the RNG states must stay there; load_state_dict moves the rest to the device.
@@ -92,6 +93,9 @@ class TrainingRun:
             self.config_changes = config_changes(state.get("config", {}), to_plain_dict(cfg))
             for line in describe_changes(self.config_changes) if self.is_main else []:
                 log.warning(line)
+            self.ranks_before = state.get("ranks", 1)  # absent in older checkpoints: one rank
+            if self.ranks_before != self.world_size and self.is_main:
+                log.warning(rank_change(self.ranks_before, self.world_size))
         if ranks is not None:
             ranks.synchronise(self.learner.model, start_step, cfg.seed)
         self.resumed = start_step > 0
@@ -138,6 +142,8 @@ class TrainingRun:
             summary["ranks"] = self.ranks.describe()
         if self.resumed:
             summary["resumed"] = f"at step {self.stats.step:,}, {len(self.config_changes)} settings changed"
+            if self.ranks_before != self.world_size:
+                summary["resumed"] += f", from {self.ranks_before} ranks to {self.world_size}"
         return summary
 
     def add_to_run_info(self, section: str, values: dict) -> None:
@@ -166,6 +172,11 @@ class TrainingRun:
         )
 
     @property
+    def world_size(self) -> int:
+        """How many data-parallel ranks this run has (1: no distributed path)."""
+        return 1 if self.ranks is None else self.ranks.world_size
+
+    @property
     def is_main(self) -> bool:
         """Whether this process writes the run dir: the only rank, or rank 0."""
         return self.ranks is None or self.ranks.is_main
@@ -173,6 +184,12 @@ class TrainingRun:
     @property
     def done(self) -> bool:
         return self.stats.step >= self.cfg.total_steps or self.stop_requested.is_set()
+
+    @property
+    def stopping(self) -> bool:
+        """Done, or a signal asked this rank to stop (with several ranks, before they agree on it):
+        actors or env clients that die now (SLURM signals every process of a job) are not replaced."""
+        return self.done or self.stop_wanted.is_set()
 
     @staticmethod
     def batch_figures(batch: dict) -> tuple[int, list]:
@@ -217,6 +234,17 @@ class TrainingRun:
             return None
         return agreed.steps, agreed.returns
 
+    def agree_to_stop(self) -> None:
+        """With several ranks, once a signal asked this rank to stop: agree on the stop with the others
+        now, in place of this rank's next update, without waiting for its next batch (under SLURM the
+        signal reaches the actors too: that batch may never come). The others, in their next update's
+        agreement or here, stop with it. The lock keeps it between this rank's updates."""
+        if self.ranks is None or not self.stop_wanted.is_set() or self.done:
+            return
+        with self.lock:
+            if not self.done:
+                self._agree(0, [])  # a stop asked here: every rank stops, none updates
+
     def maybe_checkpoint(self) -> None:
         if time.monotonic() - self._last_save >= self.cfg.checkpoint_interval_s:
             self.save_checkpoint()
@@ -229,7 +257,8 @@ class TrainingRun:
                 learner=self.learner.state_dict(),
                 step=self.stats.step,
                 stats=dict(episodes=self.stats.episodes, time_s=self.stats.elapsed_s),
-                rng=checkpoint.rng_state(),
+                rng=checkpoint.rng_state(),  # rank 0's: the other ranks re-derive theirs on resume
+                ranks=self.world_size,  # a resume may use another number (it says so)
                 config=to_plain_dict(self.cfg),
                 env=env_signature(self.cfg.env.id, self.spec),  # what a resume must match (with the shapes)
             )
@@ -255,6 +284,15 @@ class TrainingRun:
     def close(self) -> None:
         self.evaluations.close()
         self.stats.close()
+
+
+def rank_change(before: int, now: int) -> str:
+    """The line a resume with another number of ranks logs: what carries over, what changes."""
+    return (
+        f"Resuming a run of {before} rank(s) with {now}: the weights, optimiser state, LR schedule, step count "
+        f"and episodes carry over (every rank loads them); an update now learns from {now} x batch_size unrolls "
+        f"(was {before} x), and each rank r > 0 re-seeds from its rank seed (docs/distributed.md)."
+    )
 
 
 def resume_command(run_dir: Path) -> str:

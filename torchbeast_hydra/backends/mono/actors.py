@@ -346,7 +346,7 @@ class MonoBeast(Backend):
         if self.pool.faults:
             index, text = self.pool.faults[0]
             raise BadObservation(f"actor {index}'s {text}")
-        self.actors.supervise(replace=not self.run.done, broken=broken)
+        self.actors.supervise(replace=not self.run.stopping, broken=broken)
 
     def next_batch(self):
         """B full buffers copied out; None when the run is done."""

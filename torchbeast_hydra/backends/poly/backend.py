@@ -146,7 +146,7 @@ class PolyBeast(Backend):
     def wait(self, timeout: float) -> None:
         time.sleep(timeout)
         if self.clients is not None:
-            self.clients.supervise(replace=not self.run.done)
+            self.clients.supervise(replace=not self.run.stopping)
 
     def next_batch(self):
         got = self.rollouts.get_batch(self.cfg.batch_size, lambda: self.run.done)
