@@ -160,6 +160,27 @@ def start_cli(run_dir: Path, *overrides: str, env: dict | None = None, multirun:
 
 
 @starts_cli
+def run_clis_together(*runs, timeout: float = 300, env: dict | None = None) -> list[str]:
+    """Several independent `python -m torchbeast_hydra` runs started at once, each (run_dir, *overrides),
+    so that one's start-up overlaps another's training; waits for all. Returns each run's output
+    (stderr included), in order; a run that exits non-zero, or outlasts timeout, fails with its output."""
+    processes = [start_cli(run_dir, *overrides, env=env) for run_dir, *overrides in runs]
+    deadline = time.monotonic() + timeout
+    outputs = []
+    try:
+        for process in processes:
+            output, _ = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            if process.returncode != 0:
+                raise AssertionError(f"{process.args} exited {process.returncode}:\n{output}")
+            outputs.append(output)
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+    return outputs
+
+
+@starts_cli
 def start_env_process(run_dir: Path, learner_dir: Path, *overrides: str, env: dict):
     """Starts a poly env process (one client) that finds its learner through learner_dir's address file,
     as array jobs on a shared filesystem do. env: with the learner's TORCHBEAST_TOKEN."""
