@@ -337,6 +337,7 @@ def failing_run(tmp_path, backend, fail_in, fail_after, fail_with="bug", extra=(
         f"backend={backend}",
         "model._target_=failing_models.FailingBody",
         "total_steps=1000000",
+        "backend.num_actors=1",
         *extra,
         check=False,
         timeout=120,

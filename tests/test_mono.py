@@ -10,13 +10,9 @@ import pytest
 import torch
 import yaml
 
-from torchbeast_hydra.config import validate
-from torchbeast_hydra.env.spaces import probe_env
 from torchbeast_hydra.run import checkpoint
-from torchbeast_hydra.run.checkpoint import CheckpointError
-from torchbeast_hydra.run.training_run import TrainingRun
 
-from helpers import REPO, TINY, actor_pids, cli_env, compose_config, rows, run_cli, start_cli, steps, wait_for
+from helpers import REPO, TINY, actor_pids, cli_env, resume_refusal, rows, run_cli, start_cli, steps, wait_for
 
 pytestmark = pytest.mark.slow  # end-to-end runs; `make test-fast` leaves them out
 
@@ -109,14 +105,10 @@ def test_resume_survives_config_fields_added_since(resumed_run):
 
 
 def refused_resume(run_dir, *overrides: str) -> str:
-    """What a run started in run_dir with TINY and these overrides does first, in process: resume from
-    the run dir's checkpoint (TrainingRun), which refuses. Returns the refusal's message (the CLI says
-    it as `error: MESSAGE` and exits 2, as test_corrupt_checkpoint_stops_with_a_clear_error_and_is_kept shows)."""
-    cfg = validate(compose_config([*TINY, *overrides]))
-    with pytest.raises(CheckpointError) as refused:
-        TrainingRun(cfg, run_dir, probe_env(cfg.env))
+    """The refusal of a resume of tiny_run's copy with TINY and these overrides (in process)."""
+    refusal = resume_refusal(run_dir, *TINY, *overrides)
     assert steps(run_dir)[-1] == 2560  # nothing written
-    return str(refused.value)
+    return refusal
 
 
 def test_resume_with_a_different_model_is_refused(tiny_run_copy):
