@@ -85,7 +85,9 @@ def test_full_disk_at_a_checkpoint_stops_clearly_and_leaves_no_partial_file(tmp_
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / ".checkpoint.pt.tmp").symlink_to("/dev/full")  # where the next checkpoint is written
-    result = run_cli(run_dir, *TINY, "total_steps=100000", "checkpoint_interval_s=1", check=False)
+    result = run_cli(
+        run_dir, *TINY, "backend.num_actors=1", "total_steps=100000", "checkpoint_interval_s=1", check=False
+    )
     assert result.returncode == 1
     assert "No space left on device" in result.stdout + result.stderr
     assert not (run_dir / ".checkpoint.pt.tmp").exists()
@@ -96,7 +98,9 @@ def test_full_disk_at_a_checkpoint_stops_clearly_and_leaves_no_partial_file(tmp_
 
 def test_non_finite_updates_stop_the_run_when_asked_with_finite_weights_saved(tmp_path):
     run_dir = tmp_path / "run"
-    result = run_cli(run_dir, *TINY, "optim.learning_rate=1e30", "optim.on_nonfinite=stop", check=False)
+    result = run_cli(
+        run_dir, *TINY, "backend.num_actors=1", "optim.learning_rate=1e30", "optim.on_nonfinite=stop", check=False
+    )
     assert result.returncode == 1
     assert "non-finite loss or gradient" in result.stdout + result.stderr
     state = checkpoint.load(checkpoint.path_in(run_dir))
