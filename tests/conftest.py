@@ -23,11 +23,12 @@ import os
 import re
 import shutil
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 
 import helpers
-from helpers import REPO, TESTS, TINY, run_cli
+from helpers import REPO, TESTS, TINY, cli_env, run_cli
 
 # -- layer 1: mark slow at collection what reaches a @starts_cli helper --------------------------------
 
@@ -150,9 +151,9 @@ def pytest_runtest_protocol(item, nextitem):
 # -- fixtures ------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
-    """A finished tiny CartPole run (its run dir), trained once per module: tests only read it.
+    """A finished tiny CartPole run (its run dir), trained once per session: tests only read it.
 
     A test that resumes it, corrupts it or plays it in place takes tiny_run_copy instead.
     """
@@ -165,6 +166,35 @@ def tiny_run(tmp_path_factory):
 def tiny_run_copy(tiny_run, tmp_path):
     """The test's own copy of tiny_run, to change as it likes."""
     return shutil.copytree(tiny_run, tmp_path / "run")
+
+
+def _snapshot(run_dir):
+    """Every file under run_dir with its size and mtime: what a read-only use leaves unchanged."""
+    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*")}
+
+
+@pytest.fixture(scope="session")
+def tiny_test_run(tiny_run, tmp_path_factory):
+    """mode=test of tiny_run, played once per session into a run dir of its own: two games, each
+    recorded, with no display or desktop session (as on a cluster node). Tests only read it.
+
+    Returns the test run's dir, its CompletedProcess, and tiny_run's files before and after.
+    """
+    test_dir = tmp_path_factory.mktemp("tiny_test") / "eval"
+    before = _snapshot(tiny_run)
+    env = cli_env(DISPLAY=None, WAYLAND_DISPLAY=None, XDG_RUNTIME_DIR=None, SDL_VIDEODRIVER=None)
+    overrides = ["experiment=cartpole", "mode=test", f"load_dir={tiny_run}", "test.num_episodes=2"]
+    result = run_cli(test_dir, *overrides, "test.record_video=true", env=env)
+    return SimpleNamespace(dir=test_dir, result=result, before=before, after=_snapshot(tiny_run))
+
+
+@pytest.fixture(scope="session")
+def tiny_sweep(tmp_path_factory):
+    """A finished tiny CartPole sweep (its sweep dir), run once per session: two seeds of two learning
+    rates, each job in a dir named by its overrides (optim.learning_rate=0.001,seed=1, ...). Tests only read it."""
+    sweep = tmp_path_factory.mktemp("tiny_sweep") / "sweep"
+    run_cli(sweep, *TINY, "seed=1,2", "optim.learning_rate=0.003,0.001", multirun=True, timeout=400)
+    return sweep
 
 
 def _cluster_up() -> bool:

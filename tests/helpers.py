@@ -113,6 +113,21 @@ def run_command(argv, *, timeout: float, check: bool = False, env: dict | None =
     return result
 
 
+def resume_refusal(run_dir: Path, *overrides: str) -> str:
+    """What a run started in run_dir (which holds a checkpoint) with these overrides does first, in
+    process: it resumes (TrainingRun), which refuses. Returns the refusal's message, which the CLI
+    says as `error: MESSAGE` before it exits 2 (test_mono's corrupt-checkpoint test shows it)."""
+    from torchbeast_hydra.config import validate
+    from torchbeast_hydra.env.spaces import probe_env
+    from torchbeast_hydra.run.checkpoint import CheckpointError
+    from torchbeast_hydra.run.training_run import TrainingRun
+
+    cfg = validate(compose_config(overrides))
+    with pytest.raises(CheckpointError) as refused:
+        TrainingRun(cfg, run_dir, probe_env(cfg.env))
+    return str(refused.value)
+
+
 def run_dir_args(run_dir, multirun: bool) -> list[str]:
     """The CLI's arguments that put its run dir (with multirun: -m, its sweep dir) at run_dir."""
     return ["-m", f"hydra.sweep.dir={run_dir}"] if multirun else [f"hydra.run.dir={run_dir}"]
@@ -157,6 +172,27 @@ def start_cli(run_dir: Path, *overrides: str, env: dict | None = None, multirun:
         cwd=REPO,
         env=cli_env() if env is None else env,
     )
+
+
+@starts_cli
+def run_clis_together(*runs, timeout: float = 300, env: dict | None = None) -> list[str]:
+    """Several independent `python -m torchbeast_hydra` runs started at once, each (run_dir, *overrides),
+    so that one's start-up overlaps another's training; waits for all. Returns each run's output
+    (stderr included), in order; a run that exits non-zero, or outlasts timeout, fails with its output."""
+    processes = [start_cli(run_dir, *overrides, env=env) for run_dir, *overrides in runs]
+    deadline = time.monotonic() + timeout
+    outputs = []
+    try:
+        for process in processes:
+            output, _ = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            if process.returncode != 0:
+                raise AssertionError(f"{process.args} exited {process.returncode}:\n{output}")
+            outputs.append(output)
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+    return outputs
 
 
 @starts_cli

@@ -7,7 +7,7 @@ import pytest
 from torchbeast_hydra.run import checkpoint
 
 from action_envs import EPISODE
-from helpers import TESTS, cli_env_with_path, rows, run_cli
+from helpers import TESTS, cli_env_with_path, resume_refusal, rows, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,5 @@ def test_a_resume_with_another_action_space_is_refused_naming_it(tmp_path):
     run_dir = tmp_path / "run"
     run_cli(run_dir, *BASE, "env.id=PickEach-v0", "total_steps=640", env=ENV)
     assert checkpoint.load(checkpoint.path_in(run_dir))["env"]["actions"]["nvec"] == [3, 4, 2]
-    result = run_cli(run_dir, *BASE, "env.id=PickBits-v0", "total_steps=1280", env=ENV, check=False)
-    assert result.returncode != 0
-    output = result.stdout + result.stderr
-    assert "'kind': 'multi_discrete'" in output and "'kind': 'multi_binary'" in output
+    refusal = resume_refusal(run_dir, *BASE, "env.id=PickBits-v0", "total_steps=1280")  # in process
+    assert "'kind': 'multi_discrete'" in refusal and "'kind': 'multi_binary'" in refusal

@@ -16,7 +16,7 @@ from nbclient import NotebookClient
 from torchbeast_hydra import analysis
 from torchbeast_hydra.logs import plots
 
-from helpers import TINY, assert_real_image, csv_dicts, run_cli, run_command, sweep_job_dir, write_run
+from helpers import assert_real_image, csv_dicts, run_command, sweep_job_dir, write_run
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "analysis.ipynb"
 PNGS = ["returns.png", "sps.png", "losses.png", "final_returns.png"]
@@ -160,14 +160,7 @@ def test_plot_all_writes_images_and_table(synthetic_sweep, tmp_path):
         assert_real_image(tmp_path / "plots" / name)
 
 
-# A real sweep: two seeds of two learning rates, through the CLI.
-
-
-@pytest.fixture(scope="module")
-def real_sweep(tmp_path_factory):
-    sweep = tmp_path_factory.mktemp("analysis") / "sweep"
-    run_cli(sweep, *TINY, "seed=1,2", "optim.learning_rate=0.003,0.001", multirun=True, timeout=400)
-    return sweep
+# A real sweep: two seeds of two learning rates, through the CLI (tests/conftest.py's tiny_sweep).
 
 
 def hand_final_return(run_dir, last_n):
@@ -176,14 +169,14 @@ def hand_final_return(run_dir, last_n):
 
 
 @pytest.mark.slow
-def test_real_sweep_loads_with_seeds_aggregated_per_learning_rate(real_sweep):
-    df = analysis.load_runs(real_sweep)
+def test_real_sweep_loads_with_seeds_aggregated_per_learning_rate(tiny_sweep):
+    df = analysis.load_runs(tiny_sweep)
     assert df["run"].nunique() == 4 and df.attrs["swept_keys"] == ["optim.learning_rate"]
     assert analysis.settings(df) == ["optim.learning_rate=0.001", "optim.learning_rate=0.003"]
     table = analysis.final_returns_by_setting(df, last_n=20)
     by_hand = {
         lr: [
-            hand_final_return(sweep_job_dir(real_sweep, f"seed={seed}", f"optim.learning_rate={lr}"), 20)
+            hand_final_return(sweep_job_dir(tiny_sweep, f"seed={seed}", f"optim.learning_rate={lr}"), 20)
             for seed in (1, 2)
         ]
         for lr in ("0.003", "0.001")
@@ -196,9 +189,9 @@ def test_real_sweep_loads_with_seeds_aggregated_per_learning_rate(real_sweep):
 
 
 @pytest.mark.slow
-def test_notebook_runs_headless_on_a_sweep_and_writes_its_plots(real_sweep, tmp_path, monkeypatch):
+def test_notebook_runs_headless_on_a_sweep_and_writes_its_plots(tiny_sweep, tmp_path, monkeypatch):
     out_dir = tmp_path / "figures"
-    monkeypatch.setenv("RUNS_DIR", str(real_sweep))
+    monkeypatch.setenv("RUNS_DIR", str(tiny_sweep))
     monkeypatch.setenv("OUT_DIR", str(out_dir))
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     assert "parameters" in notebook.cells[1].metadata.get("tags", [])
@@ -219,10 +212,10 @@ def test_notebook_runs_headless_on_a_sweep_and_writes_its_plots(real_sweep, tmp_
 
 
 @pytest.mark.slow
-def test_plot_command_writes_the_plots_and_prints_the_table(real_sweep, tmp_path):
+def test_plot_command_writes_the_plots_and_prints_the_table(tiny_sweep, tmp_path):
     out_dir = tmp_path / "cli"
     result = run_command(
-        [sys.executable, "-m", "torchbeast_hydra.analysis", real_sweep, "--out", out_dir, "--last-n", "20"], timeout=120
+        [sys.executable, "-m", "torchbeast_hydra.analysis", tiny_sweep, "--out", out_dir, "--last-n", "20"], timeout=120
     )
     assert result.returncode == 0, result.stderr
     assert "4 runs" in result.stdout and "swept: optim.learning_rate, seed (seeds aggregated" in result.stdout
@@ -231,7 +224,7 @@ def test_plot_command_writes_the_plots_and_prints_the_table(real_sweep, tmp_path
         assert_real_image(out_dir / name)
     table = {row["setting"]: float(row["mean"]) for row in csv_dicts(out_dir / "final_returns.csv")}
     expected = statistics.mean(
-        hand_final_return(sweep_job_dir(real_sweep, f"seed={seed}", "optim.learning_rate=0.001"), 20) for seed in (1, 2)
+        hand_final_return(sweep_job_dir(tiny_sweep, f"seed={seed}", "optim.learning_rate=0.001"), 20) for seed in (1, 2)
     )
     assert table["optim.learning_rate=0.001"] == pytest.approx(expected)
 

@@ -126,7 +126,7 @@ def test_each_env_option_brings_a_model_that_fits(overrides, body):
 @pytest.mark.slow
 def test_cartpole_trains_with_env_cartpole_alone(tmp_path):
     overrides = [o for o in TINY if not o.startswith("experiment=")]
-    run_cli(tmp_path / "run", "env=cartpole", *overrides)
+    run_cli(tmp_path / "run", "env=cartpole", *overrides, "backend.num_actors=1")
     config = OmegaConf.load(tmp_path / "run" / ".hydra" / "config.yaml")
     assert config.env.id == "CartPole-v1" and config.model._target_.endswith("MLPBody")
     assert (tmp_path / "run" / "logs.csv").exists()

@@ -1,6 +1,6 @@
 """Data-parallel ranks on torch.distributed (run/distributed.py), with gloo on this CPU box.
 
-The unit tests start two ranks with torch.multiprocessing; the end-to-end ones start the command
+The unit tests start two ranks once with torch.multiprocessing; the end-to-end ones start the command
 with distributed.nproc=2 (the spawn-itself switch) or through torchrun, and kill, stop or signal
 rank 1 (the child that the spawning rank 0 started)."""
 
@@ -33,8 +33,23 @@ def _start_rank(rank: int, port: int) -> distributed.Ranks:
     return distributed.Ranks(distributed.RankEnv(rank, 2, rank, 2), "gloo", timeout_s=30)
 
 
-def _train_on_own_batches(rank: int, port: int, results) -> None:
+def _check_config(ranks, seed: int) -> str | None:
+    """This rank's refusal (or None) of a config whose seed is `seed`, the rest the same on each rank."""
+    cfg = learner_cfg()
+    cfg.seed = seed
+    try:
+        ranks.check_same_config(cfg)
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
+def _each_rank(rank: int, port: int, results) -> None:
+    """One of two ranks, in one process group: checks configs that differ and configs that agree,
+    then trains on its own batches, averaging gradients."""
     ranks = _start_rank(rank, port)
+    different = _check_config(ranks, (1, 2)[rank])
+    same = _check_config(ranks, 3)
     cfg = learner_cfg(total_steps=10_000)
     shared = make_learner(cfg)
     shared.average_gradients = ranks.average_gradients
@@ -46,55 +61,46 @@ def _train_on_own_batches(rank: int, port: int, results) -> None:
         alone.update(batch, alone.model.initial_state(cfg.batch_size))
     # As numpy arrays: a tensor put on a queue travels as a shared-memory handle, gone with this process.
     weights = [p.detach().numpy().copy() for p in shared.model.parameters()]
-    results.put((rank, weights, [p.detach().numpy().copy() for p in alone.model.parameters()], losses))
+    alone_weights = [p.detach().numpy().copy() for p in alone.model.parameters()]
+    results.put((rank, dict(different=different, same=same, weights=weights, alone=alone_weights, losses=losses)))
     ranks.close()
 
 
-def _two_ranks(target, *args) -> list:
+@pytest.fixture(scope="module")
+def two_ranks() -> list:
+    """What each of two rank processes (started once, with torch.multiprocessing) found, rank 0 first."""
     context = mp.get_context("spawn")
     results = context.Queue()
     port = distributed.free_port()
-    processes = [context.Process(target=target, args=(rank, port, results, *args)) for rank in range(2)]
+    processes = [context.Process(target=_each_rank, args=(rank, port, results)) for rank in range(2)]
     for process in processes:
         process.start()
     got = sorted([results.get(timeout=120) for _ in processes], key=lambda r: r[0])
     for process in processes:
         process.join(30)
-    return got
+    return [found for _, found in got]
 
 
 @pytest.mark.slow  # two rank processes
-def test_ranks_hold_identical_weights_after_updates_on_their_own_batches():
-    (_, weights0, alone0, losses0), (_, weights1, alone1, losses1) = _two_ranks(_train_on_own_batches)
-    assert all(np.array_equal(a, b) for a, b in zip(weights0, weights1)), "the ranks' weights differ"
-    assert losses0 == losses1  # the logged figures are the ranks' mean, the same on every rank
+def test_ranks_hold_identical_weights_after_updates_on_their_own_batches(two_ranks):
+    first, second = two_ranks
+    assert all(np.array_equal(a, b) for a, b in zip(first["weights"], second["weights"])), "the ranks' weights differ"
+    assert first["losses"] == second["losses"]  # the logged figures are the ranks' mean, the same on every rank
     # Without averaging, the same start on these batches ends elsewhere: the averaging did the work.
-    assert not all(np.array_equal(a, b) for a, b in zip(alone0, alone1))
-    assert not all(np.array_equal(a, b) for a, b in zip(weights0, alone0))
-
-
-def _check_configs(rank: int, port: int, results, seeds) -> None:
-    ranks = _start_rank(rank, port)
-    cfg = learner_cfg()
-    cfg.seed = seeds[rank]
-    try:
-        ranks.check_same_config(cfg)
-        results.put((rank, None))
-    except ConfigError as error:
-        results.put((rank, str(error)))
-    ranks.close()
+    assert not all(np.array_equal(a, b) for a, b in zip(first["alone"], second["alone"]))
+    assert not all(np.array_equal(a, b) for a, b in zip(first["weights"], first["alone"]))
 
 
 @pytest.mark.slow  # two rank processes
-def test_ranks_with_different_configs_are_refused():
-    (_, error0), (_, error1) = _two_ranks(_check_configs, (1, 2))
+def test_ranks_with_different_configs_are_refused(two_ranks):
+    error0, error1 = (found["different"] for found in two_ranks)
     assert error0 and error1
     assert "seed: 2 on rank 1, 1 here" in error0 and "start every rank with the same overrides" in error0
 
 
 @pytest.mark.slow  # two rank processes
-def test_ranks_with_the_same_config_start():
-    assert [error for _, error in _two_ranks(_check_configs, (3, 3))] == [None, None]
+def test_ranks_with_the_same_config_start(two_ranks):
+    assert [found["same"] for found in two_ranks] == [None, None]
 
 
 def test_each_ranks_actors_get_their_own_seeds():
@@ -126,7 +132,15 @@ def test_one_rank_runs_take_no_distributed_path(monkeypatch):
 
 # -- end to end -------------------------------------------------------------------------------
 
-TWO = ["experiment=cartpole", *SMALL, "eval.interval_steps=0", "eval.final=false", "distributed.timeout_s=20"]
+# One actor a rank: what is tested is between the ranks.
+TWO = [
+    "experiment=cartpole",
+    *SMALL,
+    "backend.num_actors=1",
+    "eval.interval_steps=0",
+    "eval.final=false",
+    "distributed.timeout_s=20",
+]
 ROW_STEPS = 2 * 4 * 16  # two ranks x batch_size x unroll_length (SMALL)
 
 
@@ -198,7 +212,7 @@ def test_a_rank_that_dies_or_hangs_stops_the_other_with_a_line_naming_it(tmp_pat
 @pytest.mark.slow
 def test_a_signal_to_one_rank_stops_all_with_one_checkpoint_and_two_ranks_resume(tmp_path):
     run_dir = tmp_path / "run"
-    overrides = [*TWO, "total_steps=12800", "distributed.nproc=2"]
+    overrides = [*TWO, "total_steps=5120", "distributed.nproc=2"]
     process = _start(run_dir, *overrides)
     wait_for(lambda: (run_dir / "logs.csv").exists() and rows(run_dir), 120, "the first update")
     os.kill(_rank_pid(run_dir, 1), signal.SIGUSR2)
@@ -206,12 +220,12 @@ def test_a_signal_to_one_rank_stops_all_with_one_checkpoint_and_two_ranks_resume
     assert process.returncode == 0, out
     assert out.count("Saved checkpoint") == 1 and "Stopped by SIGUSR2" in out
     stopped_at = torch.load(run_dir / "checkpoint.pt", weights_only=False)["step"]
-    assert 0 < stopped_at < 12800 and rows(run_dir)[-1]["step"] == stopped_at
+    assert 0 < stopped_at < 5120 and rows(run_dir)[-1]["step"] == stopped_at
 
     result = run_cli(run_dir, *overrides, timeout=240)
     assert f"Resuming from {run_dir / 'checkpoint.pt'} at step {stopped_at}" in result.stdout + result.stderr
     steps = [row["step"] for row in rows(run_dir)]
-    assert steps == sorted(steps) and steps[-1] >= 12800
+    assert steps == sorted(steps) and steps[-1] >= 5120
     assert set(b - a for a, b in zip(steps, steps[1:])) == {ROW_STEPS}
 
 

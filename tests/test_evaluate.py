@@ -10,7 +10,7 @@ from torchbeast_hydra.env.settings import EnvConfig
 from torchbeast_hydra.env.vector import Environments
 from torchbeast_hydra.run.evaluate import _append_row, eval_env_config, play
 
-from helpers import TINY, cli_env, compose_config, csv_dicts, run_cli, run_sweep
+from helpers import compose_config, csv_dicts, run_cli
 
 
 class FixedPolicy(torch.nn.Module):
@@ -79,19 +79,21 @@ def test_eval_csv_keeps_old_rows_when_columns_are_added(tmp_path):
     assert rows[0]["sticky_action_prob"] == "" and rows[1]["sticky_action_prob"] == "0.25"
 
 
-def snapshot(run_dir):
-    """Every file under run_dir with its size and mtime: what a read-only use leaves unchanged."""
-    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*")}
+# mode=test of the session's tiny run, played once (tests/conftest.py's tiny_test_run): two games, each
+# recorded, with no display or desktop session; the tests below each check one thing of it.
 
 
-def test_test_mode_writes_into_its_own_run_dir(tiny_run, tmp_path):
-    before = snapshot(tiny_run)
-    test_dir = tmp_path / "eval"
-    result = run_cli(test_dir, "experiment=cartpole", "mode=test", f"load_dir={tiny_run}", "test.num_episodes=2")
-    assert snapshot(tiny_run) == before, "the trained run's dir is only read"
+def test_test_mode_leaves_the_trained_run_dir_as_it_was(tiny_run, tiny_test_run):
+    assert tiny_test_run.after == tiny_test_run.before, "the trained run's dir is only read"
+    assert not (tiny_run / "videos").exists()
+
+
+def test_test_mode_writes_into_its_own_run_dir(tiny_run, tiny_test_run):
+    test_dir, result = tiny_test_run.dir, tiny_test_run.result
     assert (test_dir / "trained_run").resolve() == tiny_run.resolve()
     (row,) = csv_dicts(test_dir / "eval.csv")
     assert int(row["episodes"]) == 2 and float(row["std_return"]) >= 0
+    assert float(row["mean_return"]) > 0  # CartPole pays each step the pole stays up
     assert row["max_episode_steps"] == "27000" and row["greedy"] == "True"
     assert row["trained_run"] == str(tiny_run.resolve())
     # The summary goes through logging: to the console and to the test run's log file.
@@ -99,6 +101,13 @@ def test_test_mode_writes_into_its_own_run_dir(tiny_run, tmp_path):
     assert summary in result.stdout
     log = (test_dir / "torchbeast.log").read_text()
     assert summary in log and str(tiny_run.resolve()) in log
+
+
+def test_video_recording_is_quiet_without_a_display_or_session(tiny_test_run):
+    videos = list((tiny_test_run.dir / "videos").glob("*.mp4"))
+    assert len(videos) == 2, videos  # one video a game (not one for the reset after the last)
+    assert all(video.stat().st_size > 1000 for video in videos)
+    assert "error" not in (tiny_test_run.result.stdout + tiny_test_run.result.stderr).lower()
 
 
 def test_test_mode_started_in_a_trained_run_dir_plays_it(tiny_run_copy):
@@ -113,23 +122,6 @@ def test_test_mode_without_a_trained_run_says_to_set_load_dir(tmp_path):
     assert result.returncode == 2 and "set load_dir=RUN_DIR" in result.stdout + result.stderr
 
 
-def test_video_recording_is_quiet_without_a_display_or_session(tiny_run, tmp_path):
-    env = cli_env(DISPLAY=None, WAYLAND_DISPLAY=None, XDG_RUNTIME_DIR=None, SDL_VIDEODRIVER=None)
-    result = run_cli(
-        tmp_path / "eval",
-        "experiment=cartpole",
-        "mode=test",
-        f"load_dir={tiny_run}",
-        "test.num_episodes=1",
-        "test.record_video=true",
-        env=env,
-    )
-    videos = list((tmp_path / "eval" / "videos").glob("*.mp4"))
-    assert len(videos) == 1 and videos[0].stat().st_size > 1000  # one game, one video (not the reset after it)
-    assert "error" not in (result.stdout + result.stderr).lower()
-    assert not (tiny_run / "videos").exists()
-
-
 def test_a_job_dir_of_a_sweep_is_a_load_dir_as_the_launcher_named_it():
     from torchbeast_hydra.__main__ import quote_paths
 
@@ -141,16 +133,14 @@ def test_a_job_dir_of_a_sweep_is_a_load_dir_as_the_launcher_named_it():
     assert quote_paths("seed=1") == "seed=1"
 
 
-@pytest.mark.slow
-def test_test_mode_takes_a_job_dir_or_a_whole_sweep(tmp_path):
-    sweep = tmp_path / "sweep"
-    assert run_sweep(sweep, *TINY, "seed=1,2", "eval.final=false", timeout=400).returncode == 0
-    jobs = sorted(p.name for p in sweep.iterdir() if (p / "checkpoint.pt").exists())
-    assert jobs == ["seed=1", "seed=2"]
+def test_test_mode_takes_a_job_dir_or_a_whole_sweep(tiny_sweep, tmp_path):
+    jobs = sorted(p.name for p in tiny_sweep.iterdir() if (p / "checkpoint.pt").exists())
+    assert len(jobs) == 4
     test = ["experiment=cartpole", "mode=test", "test.num_episodes=1"]
-    run_cli(tmp_path / "one", *test, f"load_dir={sweep}/seed=1")  # unquoted, as the launcher named it
-    assert (tmp_path / "one" / "trained_run").resolve() == (sweep / "seed=1").resolve()
-    run_cli(tmp_path / "all", *test, f"load_dir={sweep}")
+    job = "optim.learning_rate=0.001,seed=1"
+    run_cli(tmp_path / "one", *test, f"load_dir={tiny_sweep}/{job}")  # unquoted, as the launcher named it
+    assert (tmp_path / "one" / "trained_run").resolve() == (tiny_sweep / job).resolve()
+    run_cli(tmp_path / "all", *test, f"load_dir={tiny_sweep}")
     for job in jobs:
         (row,) = csv_dicts(tmp_path / "all" / job / "eval.csv")
-        assert row["trained_run"] == str((sweep / job).resolve()) and int(row["episodes"]) == 1
+        assert row["trained_run"] == str((tiny_sweep / job).resolve()) and int(row["episodes"]) == 1

@@ -13,8 +13,8 @@ from helpers import REPO, SMALL, cli_argv, cli_env_with_path, rows, run_command
 
 pytestmark = pytest.mark.slow
 
-# Small enough to train in seconds; appended to each command of the page.
-BRIEF = ["total_steps=640", *SMALL]
+# Small enough to train in seconds (one actor); appended to each command of the page.
+BRIEF = ["total_steps=640", *SMALL, "backend.num_actors=1"]
 
 
 def extending_page() -> str:

@@ -337,6 +337,7 @@ def failing_run(tmp_path, backend, fail_in, fail_after, fail_with="bug", extra=(
         f"backend={backend}",
         "model._target_=failing_models.FailingBody",
         "total_steps=1000000",
+        "backend.num_actors=1",
         *extra,
         check=False,
         timeout=120,
@@ -394,6 +395,7 @@ def test_a_device_failure_mid_run_is_one_clear_line(tmp_path, fail_with, says):
 @pytest.mark.parametrize("backend", ["mono", "poly"])
 def test_a_two_layer_lstm_trains_under_cudnns_rule(tmp_path, backend):
     # Before: poly sat at step 0 (every inference raised "rnn: hx is not contiguous").
+    # Also each backend's end-to-end LSTM run (one layer takes the same path as two).
     run_dir = tmp_path / backend
     run_cli(
         run_dir, *TINY, f"backend={backend}", *LSTM2, "total_steps=640", env=stand_in_env(TBH_EMULATE_CUDNN_RNN="1")

@@ -181,7 +181,7 @@ def test_env_client_with_a_wrong_token_is_refused(tmp_path):
 @pytest.mark.slow
 def test_local_clients_of_a_stopped_learner_say_it_was_stopped_not_finished(tmp_path):
     run_dir = tmp_path / "run"
-    learner = start_cli(run_dir, *POLY_TINY, "total_steps=10000000")
+    learner = start_cli(run_dir, *POLY_TINY, "total_steps=10000000", "backend.num_actors=1")
     try:
         wait_for(lambda: (run_dir / "logs.csv").exists() and len(rows(run_dir)) >= 2, 120, "training")
         learner.send_signal(signal.SIGTERM)

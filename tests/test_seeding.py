@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import TINY, rows, run_cli
+from helpers import TINY, rows, run_clis_together
 
 # One env on one actor, one learner thread with one intra-op thread: nothing left to chance.
 SERIAL = [
@@ -26,8 +26,10 @@ def first_update(run_dir) -> dict:
 def test_same_seed_gives_an_identical_first_update(tmp_path, backend):
     extra = ["backend.num_learner_threads=1"] if backend == "mono" else []
     runs = [tmp_path / name for name in ("a", "b", "other_seed")]
-    for run_dir, seed in zip(runs, (7, 7, 8)):
-        run_cli(run_dir, *SERIAL, f"backend={backend}", f"seed={seed}", *extra)
+    # Three separate runs, started together: each decides its first update alone.
+    run_clis_together(
+        *[(run_dir, *SERIAL, f"backend={backend}", f"seed={seed}", *extra) for run_dir, seed in zip(runs, (7, 7, 8))]
+    )
     same, also_same, other = (first_update(run_dir) for run_dir in runs)
     assert same == also_same
     assert same["total_loss"] != other["total_loss"]  # the seed matters at all

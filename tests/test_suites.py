@@ -24,7 +24,14 @@ def entry(random: float, goal: float) -> dict:
 def test_a_two_task_two_seed_suite_runs_resumes_and_reports(tmp_path):
     sweep = tmp_path / "suite"
     # The suite's own tasks (CartPole-v1, Acrobot-v1), two of its seeds, a few updates each.
-    command = ["experiment=suite_classic", "seed=1,2", "total_steps=1280", "eval.episodes=2", *SMALL]
+    command = [
+        "experiment=suite_classic",
+        "seed=1,2",
+        "total_steps=640",
+        "eval.episodes=2",
+        *SMALL,
+        "backend.num_actors=1",
+    ]
     result = run_sweep(sweep, *command, timeout=600)
     assert result.returncode == 0, result.stderr
     jobs = sorted(p.name for p in sweep.iterdir() if (p / "logs.csv").exists())

@@ -25,7 +25,13 @@ def job_return(job_dir):
 def test_optuna_preset_maximises_the_returned_mean_return(tmp_path):
     sweep = tmp_path / "sweep"
     result = run_sweep(
-        sweep, *TINY, "eval.objective=train", "hydra/sweeper=lr_entropy", "hydra.sweeper.n_trials=2", timeout=300
+        sweep,
+        *TINY,
+        "backend.num_actors=1",
+        "eval.objective=train",
+        "hydra/sweeper=lr_entropy",
+        "hydra.sweeper.n_trials=2",
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     jobs = [d for d in sweep.iterdir() if d.is_dir() and (d / "logs.csv").exists()]

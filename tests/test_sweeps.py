@@ -76,11 +76,12 @@ def test_job_dir_names_are_filesystem_safe(tmp_path):
 @pytest.mark.slow
 def test_basic_launcher_sweep(tmp_path):
     sweep = tmp_path / "sweep"
-    result = run_sweep(sweep, *JOB, "total_steps=2048", "seed=1,2", "vtrace.entropy_cost=0.01,0.0006", timeout=240)
+    result = run_sweep(sweep, *JOB, "total_steps=640", "seed=1,2", "vtrace.entropy_cost=0.01,0.0006", timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     check_job_dirs(
         sweep,
         [job_dir_name(f"seed={s}", f"vtrace.entropy_cost={e}") for s in (1, 2) for e in (0.01, 0.0006)],
+        total_steps=640,
     )
 
 

@@ -16,7 +16,7 @@ def scalars(log_dir):
 
 def test_a_tiny_run_writes_the_csv_stats_as_scalars(tmp_path):
     run_dir = tmp_path / "run"
-    run_cli(run_dir, *TINY, "logger.tensorboard=true")
+    run_cli(run_dir, *TINY, "backend.num_actors=1", "logger.tensorboard=true")
     logged = scalars(run_dir / "tensorboard")
     csv_rows = rows(run_dir)
     for stat in ("total_loss", "sps", "learning_rate", "episodes"):

@@ -21,7 +21,7 @@ from torchbeast_hydra.logs.wandb_log import WandbLog, numeric_fields, resolve_mo
 from helpers import TINY, cli_env, compose_config, csv_dicts, run_cli, sweep_job_dir
 from wandb_records import offline_runs
 
-OFFLINE = [*TINY, "logger.wandb.mode=offline"]
+OFFLINE = [*TINY, "backend.num_actors=1", "logger.wandb.mode=offline"]
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +141,7 @@ def test_wandb_that_cannot_start_does_not_stop_training(tmp_path):
     result = run_cli(
         run_dir,
         *TINY,
+        "backend.num_actors=1",
         "logger.wandb.mode=online",
         "logger.wandb.init_timeout_s=4",
         env=cli_env(WANDB_MODE=None, WANDB_API_KEY="x" * 40, WANDB_BASE_URL=f"http://127.0.0.1:{port}"),
