@@ -114,6 +114,25 @@ def test_each_ranks_actors_get_their_own_seeds():
     assert rank_seed(7, 0) == 7  # rank 0 plays what a one-rank run plays
 
 
+@pytest.mark.parametrize(
+    ("configured", "device", "local_ranks", "gpus", "chosen"),
+    [
+        ("auto", "cpu", 2, 0, "gloo"),
+        ("auto", "cuda", 2, 2, "nccl"),
+        ("auto", "cuda", 2, 1, "gloo"),  # NCCL refuses two ranks on one GPU
+        ("gloo", "cuda", 2, 2, "gloo"),
+        ("nccl", "cuda", 4, 4, "nccl"),
+    ],
+)
+def test_the_backend_follows_the_gpus_each_rank_has(configured, device, local_ranks, gpus, chosen):
+    assert distributed.choose_backend(configured, torch.device(device), local_ranks, gpus) == chosen
+
+
+def test_nccl_with_more_ranks_than_gpus_is_refused_naming_the_fix():
+    with pytest.raises(ConfigError, match="2 ranks share this machine's 1 GPU: use distributed.backend=gloo"):
+        distributed.choose_backend("nccl", torch.device("cuda"), 2, 1)
+
+
 def test_one_rank_runs_take_no_distributed_path(monkeypatch):
     for key in ("RANK", "WORLD_SIZE", "SUBMITIT_EXECUTOR"):
         monkeypatch.delenv(key, raising=False)

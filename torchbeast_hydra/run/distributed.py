@@ -214,8 +214,9 @@ class Agreement:
 class Ranks:
     """This rank of a data-parallel run: its process group and the collectives a run makes."""
 
-    def __init__(self, env: RankEnv, backend: str, timeout_s: float):
+    def __init__(self, env: RankEnv, backend: str, timeout_s: float, device: torch.device = torch.device("cpu")):
         self.rank, self.world_size = env.rank, env.world_size
+        self.device = device  # the learner's, as `device=` gives it (a rank's own GPU: for_rank)
         self.local_rank, self.local_world_size = env.local_rank, env.local_world_size
         self.backend, self.timeout_s = backend, timeout_s
         self.collectives = 0  # entered so far: compared across ranks when one fails
@@ -367,18 +368,26 @@ class Ranks:
 # -- setting a rank up ------------------------------------------------------------------------
 
 
-def choose_backend(configured: str, device: torch.device) -> str:
-    if DistBackend(configured) is DistBackend.auto:
-        return "nccl" if device.type == "cuda" else "gloo"
-    return DistBackend(configured).value
+def choose_backend(configured: str, device: torch.device, local_ranks: int, gpus: int) -> str:
+    """nccl where each rank on a machine has a GPU of its own, else gloo: NCCL refuses two ranks on
+    one GPU, while gloo all-reduces GPU tensors through host memory (slower, but it runs)."""
+    wanted = DistBackend(configured)
+    if wanted is DistBackend.auto:
+        return "nccl" if device.type == "cuda" and local_ranks <= gpus else "gloo"
+    if wanted is DistBackend.nccl and local_ranks > gpus:
+        raise ConfigError(
+            f"distributed.backend=nccl needs a GPU per rank, but {local_ranks} ranks share this machine's "
+            f"{gpus} GPU{'s' if gpus != 1 else ''}: use distributed.backend=gloo (or auto), or fewer ranks per machine."
+        )
+    return wanted.value
 
 
 def for_rank(cfg, ranks: Ranks):
     """This rank's copy of the config: its own seed and device; on ranks other than 0, no sinks and
     no evaluations (rank 0 writes the run dir). The ranks' configs were compared before this."""
     cfg.seed = rank_seed(cfg.seed, ranks.rank)
-    if ranks.backend == "nccl":
-        cfg.device = f"cuda:{ranks.local_rank}"
+    if ranks.device.type == "cuda":  # ranks beyond the GPUs share them, in turn (gloo)
+        cfg.device = f"cuda:{ranks.local_rank % torch.cuda.device_count()}"
     if not ranks.is_main:
         cfg.logger.csv = False
         cfg.logger.tensorboard = False
@@ -416,8 +425,10 @@ def setup(cfg, run_dir: Path) -> tuple:
 
     spawned = spawn_others(cfg, run_dir)
     env = from_environment()
-    backend = choose_backend(cfg.distributed.backend, resolve_device(cfg.device))
-    ranks = Ranks(env, backend, cfg.distributed.timeout_s)
+    device = resolve_device(cfg.device)
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    backend = choose_backend(cfg.distributed.backend, device, env.local_world_size, gpus)
+    ranks = Ranks(env, backend, cfg.distributed.timeout_s, device)
     run_dir = shared_run_dir(ranks, run_dir)
     ranks.check_same_config(cfg)
     return for_rank(cfg, ranks), run_dir, ranks, spawned

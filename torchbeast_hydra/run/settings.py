@@ -52,9 +52,9 @@ class EvalConfig:
 class DistBackend(enum.Enum):
     """torch.distributed's backend for the ranks' collectives."""
 
-    auto = "auto"  # nccl when the learner's device is a GPU, else gloo
+    auto = "auto"  # nccl when each rank on a machine has a GPU of its own, else gloo
     gloo = "gloo"  # CPU tensors (and what the ranks agree on each update, on any device)
-    nccl = "nccl"  # GPU tensors: one GPU per rank
+    nccl = "nccl"  # GPU tensors: one GPU per rank (NCCL refuses two ranks on one GPU)
 
 
 @dataclass
