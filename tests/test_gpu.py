@@ -112,6 +112,7 @@ def learner_update(overrides, lstm=True) -> dict:
         ("accel.bf16_autocast=true", 5e-2),
         ("accel.compile=true", 1e-3),
         ("accel.lstm_segments=false", 1e-4),
+        ("accel.channels_last=false", 1e-4),
     ],
 )
 def test_each_speed_option_against_the_fp32_result(option, rel):

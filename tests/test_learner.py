@@ -677,3 +677,33 @@ def test_separate_critic_keeps_the_value_loss_out_of_the_policys_body():
     (losses["pg_loss"] + losses["entropy_loss"]).backward()
     assert all(p.grad is None or torch.all(p.grad == 0) for p in model.critic_body.parameters())
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.body.parameters())
+
+
+def test_channels_last_learns_what_the_contiguous_layout_learns():
+    """accel.channels_last (the default) lays the conv weights out channels-last and changes
+    nothing but rounding: two updates give the contiguous layout's losses and weights."""
+    from test_gpu_ready import fixed_batch
+
+    from helpers import compose_config
+    from torchbeast_hydra.agent.models import make_model
+    from torchbeast_hydra.env.spaces import probe_env
+
+    results = []
+    for layout in ("true", "false"):
+        cfg = compose_config(["env=pong", "model=atari_net", f"accel.channels_last={layout}"])
+        cfg.batch_size, cfg.unroll_length = 4, 10
+        spec = probe_env(cfg.env)
+        torch.manual_seed(0)
+        learner = Learner(cfg, make_model(cfg.model, spec), torch.device("cpu"))
+        batch = fixed_batch(cfg, spec)
+        stats = [learner.update(batch, learner.model.initial_state(cfg.batch_size)) for _ in range(2)]
+        convs = [p for p in learner.model.parameters() if p.dim() == 4]
+        results.append((stats, convs))
+    (fast, fast_convs), (plain, plain_convs) = results
+    assert fast_convs and all(p.is_contiguous(memory_format=torch.channels_last) for p in fast_convs)
+    assert not any(p.is_contiguous(memory_format=torch.channels_last) for p in plain_convs)
+    for step_fast, step_plain in zip(fast, plain):
+        for key in ("total_loss", "pg_loss", "baseline_loss", "entropy_loss"):
+            assert step_fast[key] == pytest.approx(step_plain[key], rel=1e-4, abs=1e-5), key
+    for a, b in zip(fast_convs, plain_convs):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)

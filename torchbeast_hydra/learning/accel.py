@@ -3,7 +3,7 @@
 Process-wide switches (cudnn.benchmark, TF32) are set once at start; bf16 autocast wraps the
 model's forward pass only, so V-trace and the losses are computed in fp32 from its outputs;
 torch.compile wraps the learner's model, whose parameters (and checkpoints) stay those of the
-plain module.
+plain module; channels_last changes only how the conv weights are laid out in memory.
 """
 
 from __future__ import annotations
@@ -42,4 +42,6 @@ def float_limit(cfg) -> float:
 def forward_fn(cfg, model: nn.Module):
     """What the learner calls for its forward pass: the model, compiled if asked."""
     model.lstm_segments = cfg.lstm_segments
+    if cfg.channels_last:  # converts the conv weights in place: the optimiser's parameters stay the same
+        model.to(memory_format=torch.channels_last)
     return torch.compile(model) if cfg.compile else model
