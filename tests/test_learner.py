@@ -684,9 +684,10 @@ def test_channels_last_learns_what_the_contiguous_layout_learns():
     nothing but rounding: two updates give the contiguous layout's losses and weights."""
     from test_gpu_ready import fixed_batch
 
-    from helpers import compose_config
     from torchbeast_hydra.agent.models import make_model
     from torchbeast_hydra.env.spaces import probe_env
+
+    from helpers import compose_config
 
     results = []
     for layout in ("true", "false"):
