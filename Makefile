@@ -24,11 +24,16 @@ train: setup  # with no ARGS: Pong with the defaults, and how long that takes on
 	  echo "The progress line's ETA is for this machine. Ctrl-C stops with a checkpoint and prints the command that resumes."; }
 	$(PY) -m torchbeast_hydra $(ARGS)
 
+# Test files run in TEST_WORKERS processes (pytest-xdist), a file's tests in one of them (their
+# module fixtures and the SLURM cluster are shared within a file); most tests wait on training
+# processes, so 2 workers finish the suite in about 2/3 of the time on 2 cores.
+TEST_WORKERS ?= 2
+
 test: setup lint  # the whole suite (what CI runs), after the style checks
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: setup lint  # the edit loop (under 3 minutes on 2 cores): all but the tests marked slow or slurm
-	$(PY) -m pytest -q -m "not slow and not slurm" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not slurm" $(PYTEST_ARGS)
 
 lint: setup  # ruff, configured in pyproject.toml; `make format` fixes what it can
 	$(PY) -m ruff check .

@@ -100,7 +100,9 @@ def test_a_job_that_crashes_hard_fails_the_sweep_clearly(slurm_cluster, tmp_path
     print(f"hard crash reported {time.monotonic() - started:.1f} s after the kill")
 
 
-@pytest.mark.parametrize("how", ["scontrol requeue", "USR2"])
+# Each way of preemption is tested once against SLURM: a requeue (SIGTERM) here, USR2 on the
+# two-rank preset below (outside SLURM, SIGTERM: tests/test_mono.py; SIGUSR2: tests/test_distributed.py).
+@pytest.mark.parametrize("how", ["scontrol requeue"])
 def test_requeued_job_resumes_from_its_checkpoint(slurm_cluster, tmp_path, how):
     sweep = tmp_path / "sweep"
     total = 8192
@@ -259,7 +261,7 @@ def test_a_job_that_can_never_start_is_cancelled_and_reported(slurm_cluster, tmp
     print(f"reported {time.monotonic() - started:.1f} s after the sweep started")
 
 
-@pytest.mark.parametrize("how", ["USR2", "scontrol requeue"])
+@pytest.mark.parametrize("how", ["USR2"])
 def test_ranks_preset_trains_two_ranks_in_one_job_dir_and_resumes_after_a_requeue(slurm_cluster, tmp_path, how):
     # hydra/launcher=slurm_ranks with 2 tasks on the one node (gloo): one job dir, rank 0 writes it;
     # the preemption signal (or a requeue's SIGTERM, which reaches the actors too) stops both ranks
