@@ -40,7 +40,8 @@ def float_limit(cfg) -> float:
 
 
 def forward_fn(cfg, model: nn.Module):
-    """What the learner calls for its forward pass: the model, compiled if asked."""
+    """What the learner calls for its forward pass: the model (its conv weights channels-last if
+    asked), compiled if asked."""
     model.lstm_segments = cfg.lstm_segments
     if cfg.channels_last:  # converts the conv weights in place: the optimiser's parameters stay the same
         model.to(memory_format=torch.channels_last)

@@ -214,7 +214,7 @@ class Agreement:
 class Ranks:
     """This rank of a data-parallel run: its process group and the collectives a run makes."""
 
-    def __init__(self, env: RankEnv, backend: str, timeout_s: float, device: str = "cpu"):
+    def __init__(self, env: RankEnv, backend: str, timeout_s: float, device: torch.device | str = "cpu"):
         self.rank, self.world_size = env.rank, env.world_size
         self.device = torch.device(device)  # the learner's, as `device=` gives it (a rank's own GPU: for_rank)
         self.local_rank, self.local_world_size = env.local_rank, env.local_world_size
