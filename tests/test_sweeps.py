@@ -1,12 +1,14 @@
 """-m sweeps through the basic launcher and submitit_local; launch errors before anything is written."""
 
+import signal
+
 import pytest
 from omegaconf import OmegaConf
 
 from torchbeast_hydra.run import checkpoint
 from torchbeast_hydra.run.launch import RecordSweepOverrides, job_subdir
 
-from helpers import cli_env, rows, run_sweep, steps
+from helpers import cli_env, rows, run_sweep, start_cli, steps, wait_for
 
 # A sweep job: tiny CartPole (plus total_steps, a few thousand).
 JOB = [
@@ -137,3 +139,21 @@ def test_a_fixed_override_names_no_dir_however_the_launcher_spells_it(tmp_path):
     assert job_subdir(
         ["experiment=cartpole", "eval.final=False", "vtrace.discounting=0.99", "seed=2"], tmp_path, 1
     ) == ("seed=2")
+
+
+def test_ctrl_c_stops_the_whole_sweep_with_the_job_checkpointed(tmp_path):
+    """SIGINT to a basic-launcher sweep stops the job it reached (checkpoint written) and the sweep:
+    the next job does not start; the sweep's command again would resume it."""
+    sweep = tmp_path / "sweep"
+    process = start_cli(sweep, *JOB, "total_steps=10000000", "seed=1,2", multirun=True)
+    first = sweep / "seed=1"
+    try:
+        wait_for(lambda: (first / "logs.csv").exists() and rows(first), 120, "the first job to train")
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signal.SIGINT, output
+    assert "The sweep stops here: SIGINT stopped its job." in output
+    assert 0 < checkpoint.load(checkpoint.path_in(first))["step"] < 10000000
+    assert not (sweep / "seed=2").exists()

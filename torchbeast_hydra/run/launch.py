@@ -16,7 +16,9 @@ in `hand_over`, does the signal go to the handler it displaced:
 - SIGTERM under submitit: SLURM is requeueing (`scontrol requeue`, preemption) or cancelling the
   job. The process exits at once with 143 and no result, so the launcher follows SLURM's job state
   (the requeued run, or CANCELLED) instead of taking an unfinished run for a finished one.
-Outside submitit nothing changes: the run exits 0 after its checkpoint, as on Ctrl-C.
+Outside submitit a run exits 0 after its checkpoint, as on Ctrl-C; a job of a sweep that runs its
+jobs in this process (the basic launcher) exits with 128 + the signal, which ends the sweep: Ctrl-C
+stops the sweep, and the sweep's command again resumes it.
 """
 
 from __future__ import annotations
@@ -259,6 +261,15 @@ class LaunchChecks(Callback):
             sys.exit(2)  # SystemExit passes through Hydra's error reporting: one clear line
 
 
+def _in_process_sweep() -> bool:
+    """Whether this job is one of a -m sweep whose jobs run one after another in this process (the
+    basic launcher, the Optuna sweeper with it); submitit's jobs are processes of their own."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 def _under_submitit(handler) -> bool:
     owner = getattr(handler, "__self__", None)
     return type(owner).__module__.startswith("submitit.")
@@ -269,9 +280,14 @@ def hand_over(stopped_by) -> None:
 
     See the module docstring. stopped_by: the run's signals.StopOnSignals (or None).
     """
-    if stopped_by is None or stopped_by.received is None or not _under_submitit(stopped_by.previous):
+    if stopped_by is None or stopped_by.received is None:
         return
     signum = stopped_by.received
+    if not _under_submitit(stopped_by.previous):
+        if _in_process_sweep():  # Ctrl-C stops the sweep, not only the job it happened to reach
+            log.info("The sweep stops here: %s stopped its job.", signal.Signals(signum).name)
+            sys.exit(128 + signum)
+        return
     for handler in logging.getLogger().handlers:  # the job's log, before submitit takes over
         handler.flush()
     sys.stdout.flush()
