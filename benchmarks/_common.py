@@ -126,22 +126,36 @@ def cli_command(run_dir: Path, overrides: list) -> list:
 
 
 def train(run_dir: Path, overrides: list, seconds: float | None = None, timeout: float = 3600):
-    """Runs training; with `seconds`, stops it (SIGTERM) after that long. Returns (rc, wall, peak)."""
+    """Runs training; with `seconds`, stops it (SIGTERM) once it has trained that long by its own
+    clock (logs.csv's time_s, which starts with training, not with the process: a slow start-up, of
+    several ranks say, takes nothing from the time measured). Returns (rc, wall, peak)."""
     command = cli_command(run_dir, overrides)
     started = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     sampler = MemorySampler(process.pid)
     sampler.start()
     try:
-        process.wait(timeout=seconds if seconds is not None else timeout)
-    except subprocess.TimeoutExpired:
-        if seconds is None:
-            process.kill()
-            raise
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=120)
-    sampler.stop()
+        while process.poll() is None:
+            if time.monotonic() - started > timeout:
+                process.kill()
+                raise subprocess.TimeoutExpired(command, timeout)
+            if seconds is not None and _trained_for(run_dir) >= seconds:
+                process.send_signal(signal.SIGTERM)
+                process.wait(timeout=120)
+                break
+            time.sleep(0.5)
+    finally:
+        sampler.stop()
     return process.returncode, time.monotonic() - started, sampler.peak
+
+
+def _trained_for(run_dir: Path) -> float:
+    """Seconds of training the run has logged so far (0 before its first row)."""
+    from torchbeast_hydra.logs.metrics import read_rows
+
+    csv = run_dir / "logs.csv"
+    rows = read_rows(run_dir) if csv.exists() else []
+    return rows[-1]["time_s"] if rows else 0.0
 
 
 def steady_rate(rows: list, warmup: float) -> tuple[list, float | None]:
