@@ -11,8 +11,9 @@
     python benchmarks/throughput.py pipeline --learner cli --obs cartpole experiment=cartpole
     python benchmarks/throughput.py pipeline --obs float64 --clients 1   # the server's float range check
 
-train (the default mode): trains for --warmup + --seconds (once with the config's backend, or once
-per backend in --backends) and prints the steady-state steps/s after the warm-up, steps/s per
+train (the default mode): trains for --warmup + --seconds of training, by the run's own clock (its
+start-up not counted; once with the config's backend, or once per backend in --backends) and
+prints the steady-state steps/s after the warm-up, steps/s per
 core, efficiency = steps/s / (cores x the raw single-env rate measured just before, in the same
 run), GPU utilisation (when there is a GPU), peak memory (PSS of the whole process tree, so shared
 buffers count once) and the core-microseconds a step costs in env, inference, server work, batch
