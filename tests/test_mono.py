@@ -32,10 +32,12 @@ def test_tiny_run_writes_logs_checkpoint_and_provenance(tiny_run):
         "free_queue_size",
         "full_queue_size",
         "episodes",
-        "actor_env_us_per_step",
-        "actor_inference_us_per_step",
     ):
         assert last[field] is not None, field
+    # The actors' timings go to the row of the batch fetched after their reports came: with two
+    # learner threads a row may find none new (blank: nothing measured since the last row).
+    for field in ("actor_env_us_per_step", "actor_inference_us_per_step"):
+        assert sum(row[field] is not None for row in rows(tiny_run)) >= len(rows(tiny_run)) // 2, field
     assert int(last["episodes"]) > 0 and float(last["sps"]) > 0
     state = checkpoint.load(checkpoint.path_in(tiny_run))
     assert state["step"] == steps(tiny_run)[-1]
