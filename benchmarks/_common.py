@@ -135,27 +135,33 @@ def train(run_dir: Path, overrides: list, seconds: float | None = None, timeout:
     sampler = MemorySampler(process.pid)
     sampler.start()
     try:
-        while process.poll() is None:
-            if time.monotonic() - started > timeout:
-                process.kill()
-                raise subprocess.TimeoutExpired(command, timeout)
-            if seconds is not None and _trained_for(run_dir) >= seconds:
-                process.send_signal(signal.SIGTERM)
-                process.wait(timeout=120)
+        # The log is read only until training starts (its first row dates the clock); then a plain
+        # wait, so that the benchmark takes no CPU from the run it measures.
+        deadline = started + timeout
+        while seconds is not None and process.poll() is None and time.monotonic() < deadline:
+            if (trained := _trained_for(run_dir)) is not None:
+                deadline = min(deadline, time.monotonic() + seconds - trained)
                 break
             time.sleep(0.5)
+        try:
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            if seconds is None or time.monotonic() - started >= timeout:
+                process.kill()
+                raise
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=120)
     finally:
         sampler.stop()
     return process.returncode, time.monotonic() - started, sampler.peak
 
 
-def _trained_for(run_dir: Path) -> float:
-    """Seconds of training the run has logged so far (0 before its first row)."""
+def _trained_for(run_dir: Path) -> float | None:
+    """Seconds of training the run has logged so far; None before its first row."""
     from torchbeast_hydra.logs.metrics import read_rows
 
-    csv = run_dir / "logs.csv"
-    rows = read_rows(run_dir) if csv.exists() else []
-    return rows[-1]["time_s"] if rows else 0.0
+    rows = read_rows(run_dir) if (run_dir / "logs.csv").exists() else []
+    return rows[-1]["time_s"] if rows else None
 
 
 def steady_rate(rows: list, warmup: float) -> tuple[list, float | None]:

@@ -138,8 +138,8 @@ def test_pipeline_mode_runs(tmp_path):
 
 def test_train_mode_counts_training_time_by_the_runs_own_clock(monkeypatch, tmp_path):
     """The measured window is training time (logs.csv's time_s), not time since the process started:
-    a run still starting up has trained 0 s, however long it has been starting."""
+    a run still starting up has logged no training time, however long it has been starting."""
     common = import_benchmark(monkeypatch, "_common")
-    assert common._trained_for(tmp_path / "not yet") == 0.0
+    assert common._trained_for(tmp_path / "not yet") is None
     write_run(tmp_path / "run", [], 1, [(640, [1.0], 0.5), (1280, [2.0], 0.4)], steps_per_s=64)
     assert common._trained_for(tmp_path / "run") == 20.0

@@ -214,9 +214,8 @@ class Agreement:
 class Ranks:
     """This rank of a data-parallel run: its process group and the collectives a run makes."""
 
-    def __init__(self, env: RankEnv, backend: str, timeout_s: float, device: torch.device | str = "cpu"):
+    def __init__(self, env: RankEnv, backend: str, timeout_s: float):
         self.rank, self.world_size = env.rank, env.world_size
-        self.device = torch.device(device)  # the learner's, as `device=` gives it (a rank's own GPU: for_rank)
         self.local_rank, self.local_world_size = env.local_rank, env.local_world_size
         self.backend, self.timeout_s = backend, timeout_s
         self.collectives = 0  # entered so far: compared across ranks when one fails
@@ -382,12 +381,13 @@ def choose_backend(configured: str, device: torch.device, local_ranks: int, gpus
     return wanted.value
 
 
-def for_rank(cfg, ranks: Ranks):
-    """This rank's copy of the config: its own seed and device; on ranks other than 0, no sinks and
-    no evaluations (rank 0 writes the run dir). The ranks' configs were compared before this."""
+def for_rank(cfg, ranks: Ranks, gpus: int):
+    """This rank's copy of the config: its own seed and device (of the machine's `gpus`, 0 for a CPU
+    learner); on ranks other than 0, no sinks and no evaluations (rank 0 writes the run dir). The
+    ranks' configs were compared before this."""
     cfg.seed = rank_seed(cfg.seed, ranks.rank)
-    if ranks.device.type == "cuda":  # ranks beyond the GPUs share them, in turn (gloo)
-        cfg.device = f"cuda:{ranks.local_rank % torch.cuda.device_count()}"
+    if gpus:  # ranks beyond the GPUs share them, in turn (gloo)
+        cfg.device = f"cuda:{ranks.local_rank % gpus}"
     if not ranks.is_main:
         cfg.logger.csv = False
         cfg.logger.tensorboard = False
@@ -428,7 +428,7 @@ def setup(cfg, run_dir: Path) -> tuple:
     device = resolve_device(cfg.device)
     gpus = torch.cuda.device_count() if device.type == "cuda" else 0
     backend = choose_backend(cfg.distributed.backend, device, env.local_world_size, gpus)
-    ranks = Ranks(env, backend, cfg.distributed.timeout_s, device)
+    ranks = Ranks(env, backend, cfg.distributed.timeout_s)
     run_dir = shared_run_dir(ranks, run_dir)
     ranks.check_same_config(cfg)
-    return for_rank(cfg, ranks), run_dir, ranks, spawned
+    return for_rank(cfg, ranks, gpus), run_dir, ranks, spawned
