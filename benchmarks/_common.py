@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -113,34 +114,52 @@ def composed(overrides: list):
         return compose("config", overrides)
 
 
-def cli_command(run_dir: Path, overrides: list) -> list:
+def cli_command(run_dir: Path, overrides: list, flags: tuple = ()) -> list:
+    """flags (e.g. --config-dir=DIR) go before the overrides, where Hydra's parser takes them."""
     # wandb off unless an override turns it on: the figures measure training, as before wandb.
     return [
         sys.executable,
         "-m",
         "torchbeast_hydra",
+        *flags,
         f"hydra.run.dir={run_dir}",
         "logger.wandb.mode=disabled",
         *overrides,
     ]
 
 
-def train(run_dir: Path, overrides: list, seconds: float | None = None, timeout: float = 3600):
+@dataclass
+class Trained:
+    rc: int
+    wall: float  # seconds, the whole run
+    peak: int  # bytes, PSS of the process tree
+    # CPU seconds per process role over the measured window (after the warm-up): PROCESS_ROLES
+    cpu: dict = field(default_factory=dict)
+    window_s: float = 0.0  # the window's length
+
+
+def train(run_dir: Path, overrides: list, seconds: float | None = None, warmup: float = 0.0, timeout: float = 3600):
     """Runs training; with `seconds`, stops it (SIGTERM) once it has trained that long by its own
     clock (logs.csv's time_s, which starts with training, not with the process: a slow start-up, of
-    several ranks say, takes nothing from the time measured). Returns (rc, wall, peak)."""
+    several ranks say, takes nothing from the time measured), and samples the CPU time of each of
+    its processes from `warmup` seconds of training to the stop."""
     command = cli_command(run_dir, overrides)
     started = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     sampler = MemorySampler(process.pid)
     sampler.start()
+    cpu, window = {}, 0.0
     try:
-        # The log is read only until training starts (its first row dates the clock); then a plain
-        # wait, so that the benchmark takes no CPU from the run it measures.
+        # The log is read only until training starts (its first row dates the clock); then plain
+        # waits, so that the benchmark takes no CPU from the run it measures.
         deadline = started + timeout
         while seconds is not None and process.poll() is None and time.monotonic() < deadline:
             if (trained := _trained_for(run_dir)) is not None:
                 deadline = min(deadline, time.monotonic() + seconds - trained)
+                if _wait(process, time.monotonic() + warmup - trained):
+                    before, window = cpu_by_process(process.pid), time.monotonic()
+                    if _wait(process, deadline):
+                        cpu, window = cpu_by_role(before, cpu_by_process(process.pid)), time.monotonic() - window
                 break
             time.sleep(0.5)
         try:
@@ -153,7 +172,47 @@ def train(run_dir: Path, overrides: list, seconds: float | None = None, timeout:
             process.wait(timeout=120)
     finally:
         sampler.stop()
-    return process.returncode, time.monotonic() - started, sampler.peak
+    return Trained(process.returncode, time.monotonic() - started, sampler.peak, cpu, window)
+
+
+def _wait(process: subprocess.Popen, until: float) -> bool:
+    """Waits until the monotonic time `until`; False if the process ended first."""
+    try:
+        process.wait(timeout=max(0.0, until - time.monotonic()))
+        return False
+    except subprocess.TimeoutExpired:
+        return True
+
+
+# What each process of a run is, by its command line (the first match); the run's own is the learner's.
+PROCESS_ROLES = (
+    ("spawn_main", "acting processes (mono's actors, poly's env clients)"),
+    ("resource_tracker", "other (multiprocessing's resource tracker, wandb)"),
+    ("wandb", "other (multiprocessing's resource tracker, wandb)"),
+)
+
+
+def cpu_by_process(root: int) -> dict:
+    """pid -> (role, CPU seconds so far) for root and its descendants."""
+    seconds = {}
+    for pid in process_tree(root):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        role = "learner process (learner threads; poly: its server and inference)" if pid == root else None
+        role = role or next((name for key, name in PROCESS_ROLES if key in cmdline), "other")
+        seconds[pid] = (role, cpu_seconds([pid]))
+    return seconds
+
+
+def cpu_by_role(before: dict, after: dict) -> dict:
+    """role -> CPU seconds spent between two cpu_by_process samples (a process started between
+    them, a replaced actor say, counts from zero)."""
+    spent = {}
+    for pid, (role, seconds) in after.items():
+        spent[role] = spent.get(role, 0.0) + seconds - before.get(pid, (role, 0.0))[1]
+    return spent
 
 
 def _trained_for(run_dir: Path) -> float | None:

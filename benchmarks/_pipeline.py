@@ -22,6 +22,9 @@ from _common import cli_command, cpu_seconds, mean_of, process_tree, steady_rate
 
 from torchbeast_hydra.logs.metrics import read_rows
 
+BENCHMARKS = Path(__file__).resolve().parent
+PROBE_CONF = BENCHMARKS / "conf"  # the probes' own config options (model=pooled_frames)
+
 # shape, dtype and number of actions of the frames the zero-cost env sends; float64: a MuJoCo-sized
 # vector (Humanoid-v5's 348) in float64, which the server checks against float32's range
 OBS = dict(pong=((4, 84, 84), "uint8", 6), cartpole=((4,), "float32", 2), float64=((348,), "float64", 6))
@@ -209,11 +212,21 @@ def measure_cli(maker, args, clients: int, envs: int) -> dict:
                 "total_steps=1000000000",
                 "checkpoint_interval_s=100000",
                 f"backend.max_envs_per_client={max(envs, 256)}",
+                # the null learner's settings, so that the two modes differ only in the learner
+                f"batch_size={args.batch_size}",
+                f"unroll_length={args.unroll_length}",
+                f"backend.max_batch_size={args.max_batch_size}",
+                f"backend.batch_timeout_ms={args.batch_timeout_ms}",
+                f"backend.learner_queue_size={args.learner_queue_size}",
                 *args.overrides,
             ],
+            flags=(f"--config-dir={PROBE_CONF}",),  # model=pooled_frames: a trivial policy the real learner runs
         )
         learner = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, TORCHBEAST_TOKEN=token)
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=dict(os.environ, TORCHBEAST_TOKEN=token, PYTHONPATH=_with_benchmarks_on_path()),
         )
         processes = []
         try:
@@ -250,3 +263,8 @@ def measure_cli(maker, args, clients: int, envs: int) -> dict:
         update_us=1000 * (mean_of(rows, "update_ms") or 0) / per_update,
         queue=mean_of(rows, "learner_queue_size"),
     )
+
+
+def _with_benchmarks_on_path() -> str:
+    """PYTHONPATH with benchmarks/ first: the learner imports the probes' model (_probe_models)."""
+    return os.pathsep.join(filter(None, [str(BENCHMARKS), os.environ.get("PYTHONPATH")]))

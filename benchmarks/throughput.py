@@ -44,11 +44,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import GpuSampler, composed, mean_of, platform_line, steady_rate, steps_per_update, train  # noqa: E402
 from _pipeline import OBS  # noqa: E402
+from _stages import random_actions, stage_costs  # noqa: E402
 
 from torchbeast_hydra.logs.metrics import read_rows  # noqa: E402
 
@@ -80,6 +79,8 @@ class Run:
     last_step: int
     rows: list  # logs.csv rows after the warm-up
     sps: float | None  # steady-state steps/s; None with fewer than two updates after the warm-up
+    cpu: dict  # process role -> CPU seconds over the steady window (_common.cpu_by_role)
+    window_s: float  # that window's length
 
 
 def measure(overrides: list, warmup: float, seconds: float) -> Run:
@@ -88,10 +89,11 @@ def measure(overrides: list, warmup: float, seconds: float) -> Run:
     gpu.start()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        rc, wall, peak = train(run_dir, with_defaults(overrides), seconds=warmup + seconds)
+        trained = train(run_dir, with_defaults(overrides), seconds=warmup + seconds, warmup=warmup)
         rows = read_rows(run_dir) if (run_dir / "logs.csv").exists() else []  # none: it failed to start
     steady, sps = steady_rate(rows, warmup)
-    return Run(rc, wall, peak, gpu.stop(), rows[-1]["step"] if rows else 0, steady, sps)
+    last = rows[-1]["step"] if rows else 0
+    return Run(trained.rc, trained.wall, trained.peak, gpu.stop(), last, steady, sps, trained.cpu, trained.window_s)
 
 
 def env_steps_per_second(env_cfg, seconds: float = 5.0) -> float:
@@ -109,70 +111,12 @@ def env_steps_per_second(env_cfg, seconds: float = 5.0) -> float:
     return steps / (time.perf_counter() - started)
 
 
-def random_actions(spec, count: int) -> np.ndarray:
-    """count actions drawn uniformly from the policy's side of the action space (actions.py)."""
-    from torchbeast_hydra.env.actions import BOX, MULTI_BINARY
-
-    rng = np.random.default_rng(0)
-    if spec.kind == BOX:
-        actions = rng.uniform(spec.low, spec.high, size=(count, spec.size)).astype(np.float32)
-    else:
-        actions = rng.integers(0, 2 if spec.kind == MULTI_BINARY else spec.nvec, size=(count, spec.size))
-    return actions.reshape(count, *spec.step_shape)
-
-
 def acting_batch(cfg) -> int:
     """The envs one mono actor evaluates its policy on at once (auto-sized as the run sizes them)."""
     from torchbeast_hydra.backends.settings import auto_actors
     from torchbeast_hydra.run.devices import usable_cores
 
     return cfg.backend.envs_per_actor or auto_actors(cfg.backend.name, usable_cores())[1]
-
-
-def one_core_costs(cfg, inference_batch: int, repeats: int = 5) -> dict:
-    """Core-microseconds per env step of the model's own work, timed on one core apart from the run
-    (so other processes' contention does not inflate them): a forward pass over `inference_batch`
-    envs, as an actor or the central batcher makes it, and one learner update (forward, V-trace,
-    backward, optimiser step) on zeroed B x T rollouts."""
-    import torch
-
-    from torchbeast_hydra.agent.models import make_model
-    from torchbeast_hydra.env.layout import zero_rollouts
-    from torchbeast_hydra.env.spaces import probe_env
-    from torchbeast_hydra.learning.learner import Learner
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        spec = probe_env(cfg.env)
-        model = make_model(cfg.model, spec)
-        T, B = cfg.unroll_length, cfg.batch_size
-        batch = zero_rollouts(spec, T, B)
-        step = {k: v[:1, :1].expand(1, inference_batch, *v.shape[2:]).contiguous() for k, v in batch.items()}
-        learner = Learner(cfg, model, torch.device("cpu"))
-
-        def act():
-            with torch.no_grad():
-                model(step, model.initial_state(inference_batch))
-
-        def learn():
-            learner.update(batch, model.initial_state(B))
-
-        return {
-            f"inference (one core, batch {inference_batch})": _timed(act, repeats) / inference_batch,
-            "learner update (one core)": _timed(learn, repeats) / (T * B),
-        }
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _timed(fn, repeats: int) -> float:
-    """Microseconds a call, after one warm-up call."""
-    fn()
-    started = time.process_time()
-    for _ in range(repeats):
-        fn()
-    return 1e6 * (time.process_time() - started) / repeats
 
 
 # -- train mode -------------------------------------------------------------------------------------
@@ -218,21 +162,36 @@ def train_mode(args) -> None:
         print(
             f"\n{name}: {run.sps:,.0f} steps/s over {elapsed:.0f} s after {args.warmup:g} s warm-up "
             f"({run.last_step:,} steps in {run.wall:.0f} s wall, exit {run.rc})\n"
-            f"  {run.sps / cores:,.0f} steps/s per core, efficiency {run.sps / (cores * raw):.2f} "
-            f"(raw env {raw:,.0f} steps/s: {cfg.env.id}, one env, one core, random actions)\n"
+            f"  {run.sps / raw:.2f} of the raw env rate ({raw:,.0f} steps/s: {cfg.env.id}, one env, one core, "
+            f"random actions); per core {run.sps / cores:,.0f} steps/s, efficiency {run.sps / (cores * raw):.2f}\n"
             f"  GPU {run.gpu}; peak memory {run.peak / 2**20:,.0f} MiB (PSS, whole process tree)",
             flush=True,
         )
         budget = cores * 1e6 / run.sps
-        print(f"  per step: {budget:,.1f} core-us available at this rate on {cores} cores; of which")
+        print(f"  per step: {budget:,.1f} core-us available at this rate on {cores} cores")
+        _print_parts("  where the CPU went, by process (from /proc, over the steady window):", by_process(run, cores))
         parts = breakdown(run.rows, raw)
-        for part, us in parts.items():
-            print(f"    {part + ':':44s} {us:8.1f} us")
-        print(f"    {'the rest (messages, copies, idle, ...):':44s} {budget - sum(parts.values()):8.1f} us", flush=True)
+        parts["the rest (messages, copies, idle, ...)"] = budget - sum(parts.values())
+        _print_parts("  by stage, as the run timed itself (logs.csv):", parts)
         batch = mean_of(run.rows, "inference_batch_size") or acting_batch(cfg)
-        print("  the model's own work, timed on one core after the run (no contention):")
-        for part, us in one_core_costs(cfg, max(1, round(batch))).items():
-            print(f"    {part + ':':44s} {us:8.1f} us", flush=True)
+        stages = stage_costs(cfg, max(1, round(batch)), envs_per_message=acting_batch(cfg))
+        _print_parts("  each stage alone on one core, after the run (no contention):", stages)
+
+
+def by_process(run: Run, cores: int) -> dict:
+    """Core-microseconds per env step each kind of process spent in the steady window, and idle."""
+    steps = run.sps * run.window_s
+    if not run.cpu or steps <= 0:
+        return {}
+    parts = {role: 1e6 * seconds / steps for role, seconds in sorted(run.cpu.items())}
+    parts["idle (no process of the run on a core)"] = max(0.0, 1e6 * cores * run.window_s / steps - sum(parts.values()))
+    return parts
+
+
+def _print_parts(title: str, parts: dict) -> None:
+    print(title)
+    for part, us in parts.items():
+        print(f"    {part + ':':58s} {us:8.1f} us", flush=True)
 
 
 # -- scaling mode -----------------------------------------------------------------------------------

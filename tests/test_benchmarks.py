@@ -3,6 +3,7 @@ pipeline mode (no env, no model) runs end to end."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -74,15 +75,61 @@ def test_breakdown_takes_monos_own_env_and_inference_costs(throughput):
     )
 
 
-def test_one_core_costs_time_the_models_forward_and_a_learner_update(throughput, monkeypatch):
+def test_stage_costs_time_each_stage_of_a_step_alone(throughput, monkeypatch):
     composed = import_benchmark(monkeypatch, "_common").composed
 
     cfg = composed(["env=cartpole", "batch_size=4", "unroll_length=8"])
     assert throughput.acting_batch(cfg) >= 1 and cfg.backend.envs_per_actor == 0  # auto-sized, as the run sizes it
     assert throughput.acting_batch(composed(["env=cartpole", "backend.envs_per_actor=3"])) == 3
-    costs = throughput.one_core_costs(cfg, inference_batch=4, repeats=2)
-    assert list(costs) == ["inference (one core, batch 4)", "learner update (one core)"]
-    assert all(us > 0 for us in costs.values())
+    costs = import_benchmark(monkeypatch, "_stages").stage_costs(cfg, inference_batch=4, envs_per_message=4)
+    learner = ["learner: forward", "learner: losses", "learner: backward", "learner: optimiser"]
+    assert list(costs) == [
+        "env: the gymnasium env",
+        "env: our lockstep wrapper (Environments)",
+        "actor inference (batch 4)",
+        *learner,
+        "weight publication",
+        "logging a row (csv, TensorBoard)",
+    ]
+    assert all(costs[stage] > 0 for stage in ["env: the gymnasium env", "actor inference (batch 4)", *learner])
+    poly = import_benchmark(monkeypatch, "_stages").stage_costs(
+        composed(["env=cartpole", "backend=poly", "batch_size=4", "unroll_length=8"]), 4, envs_per_message=4
+    )
+    assert poly["wire: encode a step (4 envs, client)"] > 0 and poly["wire: parse + decode + check (server)"] > 0
+
+
+def test_cpu_is_counted_per_process_role_over_the_window(throughput, monkeypatch):
+    common = import_benchmark(monkeypatch, "_common")
+    learner, actors = "learner process", "actors"
+    before = {1: (learner, 10.0), 2: (actors, 5.0), 3: (actors, 5.0)}
+    after = {1: (learner, 13.0), 2: (actors, 6.0), 4: (actors, 0.5)}  # actor 3 died, 4 replaced it
+    assert common.cpu_by_role(before, after) == pytest.approx({learner: 3.0, actors: 1.5})
+    role, seconds = common.cpu_by_process(os.getpid())[os.getpid()]  # the root is the learner's
+    assert role.startswith("learner process") and seconds > 0
+    # 1,000 steps/s over 2 s on 2 cores: 1,000 core-us a step, of which the processes took 750
+    run = throughput.Run(0, 2.0, 0, "", 2000, [], 1000.0, cpu={learner: 1.0, actors: 0.5}, window_s=2.0)
+    assert throughput.by_process(run, cores=2) == pytest.approx(
+        {actors: 250.0, learner: 500.0, "idle (no process of the run on a core)": 250.0}
+    )
+
+
+def test_the_pipelines_trivial_policy_is_a_model_the_learner_can_run(monkeypatch):
+    """benchmarks/conf/model/trivial_frames.yaml: the real learner's policy in `pipeline --learner cli`."""
+    import torch
+    import yaml
+
+    from torchbeast_hydra.agent.models import make_model
+    from torchbeast_hydra.env.spaces import EnvSpec
+
+    import_benchmark(monkeypatch, "_probe_models")
+    cfg = yaml.safe_load((BENCHMARKS / "conf" / "model" / "trivial_frames.yaml").read_text())
+    model = make_model(cfg, EnvSpec.box((4, 84, 84), "uint8", 6))
+    frames = torch.randint(0, 255, (3, 2, 4, 84, 84), dtype=torch.uint8)
+    inputs = dict(frame=frames, reward=torch.zeros(3, 2), done=torch.zeros(3, 2, dtype=torch.bool))
+    inputs["last_action"] = torch.zeros(3, 2, dtype=torch.int64)
+    outputs, _ = model(inputs, model.initial_state(2))
+    assert outputs["policy_logits"].shape == (3, 2, 6) and outputs["baseline"].shape == (3, 2)
+    assert model.body.output_size == cfg["width"] and model.body.fc.in_features == 4 * 4 * 4  # a 4x4 grid a channel
 
 
 def test_random_actions_fit_each_kind_of_action_space(throughput):
@@ -115,7 +162,7 @@ def test_overrides_replace_the_benchmarks_defaults_of_the_same_key(throughput):
 
 def test_scaling_shows_a_dash_for_what_the_backend_does_not_log(throughput, monkeypatch, capsys):
     rows = [dict(step=640 * i, time_s=float(i), learner_queue_size="3") for i in range(3)]  # no inference columns
-    run = throughput.Run(rc=0, wall=60.0, peak=0, gpu="no GPU", last_step=1280, rows=rows, sps=640.0)
+    run = throughput.Run(0, 60.0, 0, "no GPU", 1280, rows, 640.0, cpu={}, window_s=0.0)
     asked = []
     monkeypatch.setattr(throughput, "measure", lambda overrides, warmup, seconds: asked.append(overrides) or run)
     monkeypatch.setattr(throughput, "platform_line", lambda: "test machine")

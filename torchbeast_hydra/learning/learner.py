@@ -27,6 +27,7 @@ import hydra
 import torch
 from omegaconf import OmegaConf
 from torch import nn
+from torch.profiler import record_function
 
 from torchbeast_hydra.agent.distributions import Distribution, distribution
 from torchbeast_hydra.agent.models import RunningNorm
@@ -294,15 +295,24 @@ class Learner:
 
     def _step(self, batch: dict, initial_core_state: tuple) -> list:
         """One optimiser step on (part of) a batch; its figures (the loss terms, the grad norm)."""
-        with accel.autocast(self.cfg.accel, self.device):
+        # The stages are named for torch.profiler (benchmarks/throughput.py's profile reads them).
+        with record_function("learner/forward"), accel.autocast(self.cfg.accel, self.device):
             outputs, _ = self.forward(batch, initial_core_state, action="none")
-        outputs = {key: value.float() for key, value in outputs.items()}  # V-trace and the losses in fp32
-        losses = compute_losses(self.vtrace_cfg, batch, outputs, self.loss_terms, self.model.dist)
-        self.optimizer.zero_grad(set_to_none=True)
-        losses["total_loss"].backward()
+        with record_function("learner/losses"):
+            outputs = {key: value.float() for key, value in outputs.items()}  # V-trace and the losses in fp32
+            losses = compute_losses(self.vtrace_cfg, batch, outputs, self.loss_terms, self.model.dist)
+        with record_function("learner/backward"):
+            self.optimizer.zero_grad(set_to_none=True)
+            losses["total_loss"].backward()
         figures = torch.stack(list(losses.values())).detach()
         if self.average_gradients is not None:  # every rank steps with the same (mean) gradient
-            self.average_gradients(self.parameters, figures)
+            with record_function("learner/all_reduce"):
+                self.average_gradients(self.parameters, figures)
+        with record_function("learner/optimiser"):
+            return self._optimiser_step(losses, figures)
+
+    def _optimiser_step(self, losses: dict, figures: torch.Tensor) -> list:
+        """Clips the gradient and steps, unless the loss or the gradient is not finite; the figures."""
         grad_norm = nn.utils.clip_grad_norm_(self.parameters, self.cfg.optim.grad_norm_clipping)
         self._figure_names = [*losses, "grad_norm"]
         # One device-to-host copy for all the figures: on a GPU each .item() would wait on its own.

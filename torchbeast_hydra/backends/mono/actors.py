@@ -33,8 +33,8 @@ from torchbeast_hydra.agent.models import make_model
 from torchbeast_hydra.backends.mono.settings import num_buffers
 from torchbeast_hydra.env.actions import ActionError, bad_rows
 from torchbeast_hydra.env.layout import AGENT_KEYS, env_keys, fits_limit, within_limit, zero_rollouts
+from torchbeast_hydra.env.native import GymnasiumEnvs, envs_maker
 from torchbeast_hydra.env.spaces import EnvSpec
-from torchbeast_hydra.env.vector import Environments
 from torchbeast_hydra.learning import accel
 from torchbeast_hydra.logs.metrics import measured
 from torchbeast_hydra.run.seeding import actor_seed
@@ -214,13 +214,16 @@ class BufferPool:
                     pass
 
 
-def actor_main(env_cfg, num_envs, seed, unroll_length, model, buffers, state_buffers, conn, obs_limit, clip_obs):
-    """An actor process: fill the granted buffers with unrolls until told to stop."""
+def actor_main(
+    env_cfg, make_envs, num_envs, seed, unroll_length, model, buffers, state_buffers, conn, obs_limit, clip_obs
+):
+    """An actor process: fill the granted buffers with unrolls until told to stop. make_envs:
+    env/native.py's maker (the native vector env for Atari ids, else the gymnasium envs)."""
     torch.set_num_threads(1)  # one core-sized slice each; the learner gets the rest
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the learner, which stops us
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # SLURM signals the whole job; the parent handles it
     torch.manual_seed(seed)
-    envs = Environments(env_cfg, num_envs, seed=seed)
+    envs = make_envs(num_envs, seed)
     guard = ObservationGuard(envs.spec, env_cfg.id, obs_limit, clip_obs)
     try:
         _act(envs, guard, unroll_length, model, buffers, state_buffers, conn)
@@ -298,6 +301,8 @@ class MonoBeast(Backend):
         self.state_buffers = create_state_buffers(self.policy, count)
         self.pool = BufferPool(count, backend.envs_per_actor, cfg.unroll_length)
         self.env_cfg = OmegaConf.to_object(cfg.env)
+        # One native thread per actor: an actor per core is the machine's share already.
+        self.make_envs = envs_maker(self.env_cfg, 1) if backend.vector_env else GymnasiumEnvs(self.env_cfg)
         self.obs_limit = accel.float_limit(cfg.accel)
         self.actors = ActorProcesses(
             self._start_actor,
@@ -321,6 +326,7 @@ class MonoBeast(Backend):
             name=f"actor-{index}",
             args=(
                 self.env_cfg,
+                self.make_envs,
                 backend.envs_per_actor,
                 seed,
                 self.cfg.unroll_length,

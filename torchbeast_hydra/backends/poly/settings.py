@@ -46,9 +46,6 @@ class PolyConfig(BackendConfig):
     max_envs_per_client: int = 256  # sizes the gRPC message limit: larger steps are refused
     connect_timeout_s: float = 60.0  # clients wait this long for a learner that is not up (yet)
     inference_torch_threads: int = 1  # intra-op threads for central inference
-    # Atari ids: clients step their envs in ale-py's native AtariVectorEnv where it reproduces
-    # envs.Environments (see vector_envs.py); false: always the gymnasium envs.
-    vector_env: bool = True
 
 
 ADDRESS_FILE_PREFIX = "file:"
