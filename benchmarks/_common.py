@@ -186,9 +186,9 @@ def _wait(process: subprocess.Popen, until: float) -> bool:
 
 # What each process of a run is, by its command line (the first match); the run's own is the learner's.
 PROCESS_ROLES = (
-    ("spawn_main", "acting processes (mono's actors, poly's env clients)"),
-    ("resource_tracker", "other (multiprocessing's resource tracker, wandb)"),
-    ("wandb", "other (multiprocessing's resource tracker, wandb)"),
+    ("spawn_main", "actors (mono) / env clients (poly)"),
+    ("resource_tracker", "other (resource tracker, wandb)"),
+    ("wandb", "other (resource tracker, wandb)"),
 )
 
 
@@ -200,7 +200,7 @@ def cpu_by_process(root: int) -> dict:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        role = "learner process (learner threads; poly: its server and inference)" if pid == root else None
+        role = "learner process (poly: + server, inference)" if pid == root else None
         role = role or next((name for key, name in PROCESS_ROLES if key in cmdline), "other")
         seconds[pid] = (role, cpu_seconds([pid]))
     return seconds

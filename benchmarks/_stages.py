@@ -71,6 +71,7 @@ def env_costs(cfg) -> dict:
     for Atari the emulator alone (frame_skip ALE frames and the last two screens read): the
     differences are our wrapper's and the preprocessing's costs."""
     from torchbeast_hydra.env.make import atari_settings, is_atari, make_env
+    from torchbeast_hydra.env.native import vector_env_applies
     from torchbeast_hydra.env.vector import Environments
 
     rng = np.random.default_rng(0)
@@ -112,7 +113,23 @@ def env_costs(cfg) -> dict:
         costs["env: the gymnasium env"] = gymnasium
     env.close()
     costs["env: our lockstep wrapper (Environments)"] = max(0.0, ours - gymnasium)
+    if cfg.backend.vector_env and vector_env_applies(cfg.env):
+        costs["env: all of it in ale-py's native vector env (the run's)"] = native_env_cost(cfg.env, actions)
     return costs
+
+
+def native_env_cost(env_cfg, actions: np.ndarray, num_envs: int = 4) -> float:
+    """An env step in ale-py's native AtariVectorEnv on one thread, num_envs envs a call: what
+    mono's actors and poly's clients step for Atari ids (the preprocessing done in C++)."""
+    from torchbeast_hydra.env.native import envs_maker
+
+    envs = envs_maker(env_cfg, 1)(num_envs, 0)
+    envs.initial()
+    counter = iter(range(10**12))
+    batched = actions[: len(actions) // num_envs * num_envs].reshape(-1, num_envs, *actions.shape[1:])
+    cost = _per_step_us(lambda: envs.step(batched[next(counter) % len(batched)])) / num_envs
+    envs.close()
+    return cost
 
 
 def model_costs(cfg, inference_batch: int) -> dict:

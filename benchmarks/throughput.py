@@ -83,13 +83,17 @@ class Run:
     window_s: float  # that window's length
 
 
-def measure(overrides: list, warmup: float, seconds: float) -> Run:
-    """Trains DEFAULTS + overrides for warmup + seconds; the rate is measured after the warm-up."""
+def measure(overrides: list, warmup: float, seconds: float, steps: int | None = None) -> Run:
+    """Trains DEFAULTS + overrides for warmup + seconds, or with steps a whole run of that many
+    steps to its end; the rate is measured after the warm-up."""
     gpu = GpuSampler()
     gpu.start()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        trained = train(run_dir, with_defaults(overrides), seconds=warmup + seconds, warmup=warmup)
+        if steps is None:
+            trained = train(run_dir, with_defaults(overrides), seconds=warmup + seconds, warmup=warmup)
+        else:
+            trained = train(run_dir, with_defaults([*overrides, f"total_steps={steps}"]))
         rows = read_rows(run_dir) if (run_dir / "logs.csv").exists() else []  # none: it failed to start
     steady, sps = steady_rate(rows, warmup)
     last = rows[-1]["step"] if rows else 0
@@ -151,7 +155,7 @@ def train_mode(args) -> None:
         overrides = [f"backend={backend}", *args.overrides] if backend else args.overrides
         cfg = composed(with_defaults(overrides))
         raw = env_steps_per_second(cfg.env)  # just before each run: the machine as it is now
-        run = measure(overrides, args.warmup, args.seconds)
+        run = measure(overrides, args.warmup, args.seconds, args.steps)
         name = backend or "training"
         if run.sps is None:
             sys.exit(
@@ -167,9 +171,18 @@ def train_mode(args) -> None:
             f"  GPU {run.gpu}; peak memory {run.peak / 2**20:,.0f} MiB (PSS, whole process tree)",
             flush=True,
         )
+        if args.steps is not None:  # the whole run, start-up and shut-down included, against the steady rate
+            whole = run.last_step / run.wall
+            print(
+                f"  whole run: {run.last_step:,} steps in {run.wall:.1f} s wall = {whole:,.0f} steps/s, "
+                f"{whole / run.sps:.2f} of the steady rate"
+            )
         budget = cores * 1e6 / run.sps
         print(f"  per step: {budget:,.1f} core-us available at this rate on {cores} cores")
-        _print_parts("  where the CPU went, by process (from /proc, over the steady window):", by_process(run, cores))
+        if run.cpu:
+            _print_parts(
+                "  where the CPU went, by process (from /proc, over the steady window):", by_process(run, cores)
+            )
         parts = breakdown(run.rows, raw)
         parts["the rest (messages, copies, idle, ...)"] = budget - sum(parts.values())
         _print_parts("  by stage, as the run timed itself (logs.csv):", parts)
@@ -191,7 +204,7 @@ def by_process(run: Run, cores: int) -> dict:
 def _print_parts(title: str, parts: dict) -> None:
     print(title)
     for part, us in parts.items():
-        print(f"    {part + ':':58s} {us:8.1f} us", flush=True)
+        print(f"    {part + ':':60s} {us:8.1f} us", flush=True)
 
 
 # -- scaling mode -----------------------------------------------------------------------------------
@@ -268,6 +281,9 @@ def parser() -> argparse.ArgumentParser:
     )
     training.add_argument("--seconds", type=float, default=90.0, help="training time to measure")
     training.add_argument("--warmup", type=float, default=20.0, help="seconds excluded at the start")
+    training.add_argument(
+        "--steps", type=int, help="a whole run of this many steps instead, to its end: its wall-clock rate too"
+    )
     training.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
 
     scaling = modes.add_parser("scaling", help="steps/s over numbers of env clients (poly) or actors (mono)")

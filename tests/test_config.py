@@ -157,8 +157,12 @@ def test_auto_actor_counts_are_sized_to_the_machine_and_explicit_ones_kept(monke
     explicit = validate(compose_config(["backend.num_actors=3", "backend.envs_per_actor=2"]))
     assert (explicit.backend.num_actors, explicit.backend.envs_per_actor) == (3, 2)
     monkeypatch.setattr("torchbeast_hydra.backends.settings.usable_cores", lambda: 2)
-    small = validate(compose_config())
-    assert (small.backend.num_actors, small.backend.envs_per_actor) == (4, 4)  # the 2-core figures' setting
+    small, small_poly = validate(compose_config()), validate(compose_config(["backend=poly"]))
+    assert (small.backend.num_actors, small.backend.envs_per_actor) == (2, 8)  # 16 envs, as the Pong curves had
+    assert (small_poly.backend.num_actors, small_poly.backend.envs_per_actor) == (2, 16)
+    monkeypatch.setattr("torchbeast_hydra.backends.settings.usable_cores", lambda: 4)
+    four = validate(compose_config())
+    assert (four.backend.num_actors, four.backend.envs_per_actor) == (3, 6)
 
 
 def test_cli_reports_a_bad_key_in_one_clear_message(tmp_path):

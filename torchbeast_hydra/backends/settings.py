@@ -18,10 +18,10 @@ class BackendConfig:
 
     name: str = MISSING
     # mono: acting processes; poly: env client processes (role=all and role=env).
-    # 0: auto (auto_actors): mono an actor per core but one, poly a client per 4 cores; at least 4.
+    # 0: auto (auto_actors): mono an actor per core but one, poly a client per 4 cores; at least 2.
     num_actors: int = 0
     # Envs per actor, stepped together: evaluated as one batch (mono) or sent as one message (poly).
-    # 0: auto (auto_actors): mono 4, poly 4 per core a client gets.
+    # 0: auto (auto_actors): mono 16 envs in all (at least 4 each), poly 4 per core a client gets (at least 16).
     envs_per_actor: int = 0
     # Intra-op threads per learner thread; 0: auto (a CPU learner: the cores this process may use;
     # a GPU learner: a few, enough for its host-side copies, leaving the cores to the actors).
@@ -36,19 +36,25 @@ class BackendConfig:
     vector_env: bool = True
 
 
-def auto_actors(backend: str, cores: int) -> tuple[int, int]:
-    """(num_actors, envs_per_actor) sized to a machine with this many cores.
+MIN_ENVS = 16  # envs in all, at least: the Pong defaults' (and their learning curves') count
 
-    mono: an actor per core but one (the learner process's batching and Python need a core),
-    4 envs each, and never fewer than the 4 x 4 that the 2-core figures were taken with.
-    poly: a client per 4 cores (each steps its envs on cores // clients native threads, Atari),
-    with 4 envs per thread in each message: many envs per message keeps the server's per-message
-    cost small.
+
+def auto_actors(backend: str, cores: int) -> tuple[int, int]:
+    """(num_actors, envs_per_actor) sized to a machine with this many cores (docs/performance.md
+    has the measurements behind them).
+
+    mono: an actor per core but one (the learner process's batching and Python need a core), at
+    least 2, with MIN_ENVS envs in all and at least 4 each: each actor evaluates its envs as one
+    batch, and a batch of 8 costs a third less a step than 4 (2 cores: 2 x 8, not 4 x 4: +9%).
+    poly: a client per 4 cores, at least 2 (each steps its envs on cores // clients native
+    threads, Atari), with 4 envs per thread in each message and at least 16: many envs per message
+    keeps the server's per-message cost small (2 cores: 2 x 16, not 4 x 4: +35%).
     """
     if backend == "poly":
-        clients = max(4, cores // 4)
-        return clients, max(4, 4 * (cores // clients))
-    return max(4, cores - 1), 4
+        clients = max(2, cores // 4)
+        return clients, max(16, 4 * (cores // clients))
+    actors = max(2, cores - 1)
+    return actors, max(4, -(-MIN_ENVS // actors))
 
 
 def resolve_auto(backend) -> None:
