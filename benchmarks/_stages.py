@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 REPEATS = 5
+NATIVE_ENV = "env: all of it in ale-py's native vector env (the run's)"
 
 
 def stage_costs(cfg, inference_batch: int, envs_per_message: int) -> dict:
@@ -114,7 +115,7 @@ def env_costs(cfg) -> dict:
     env.close()
     costs["env: our lockstep wrapper (Environments)"] = max(0.0, ours - gymnasium)
     if cfg.backend.vector_env and vector_env_applies(cfg.env):
-        costs["env: all of it in ale-py's native vector env (the run's)"] = native_env_cost(cfg.env, actions)
+        costs[NATIVE_ENV] = native_env_cost(cfg.env, actions)
     return costs
 
 

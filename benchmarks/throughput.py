@@ -4,20 +4,26 @@
     python benchmarks/throughput.py train backend=poly    # the same on the poly backend
     python benchmarks/throughput.py train --backends mono poly --warmup 30   # both, actors sized to the machine
     python benchmarks/throughput.py train --seconds 120 backend.envs_per_actor=4
+    python benchmarks/throughput.py train --backends mono poly --steps 150000   # whole runs' wall clock
     python benchmarks/throughput.py scaling               # poly with 1, 2, 4, 8 env clients
     python benchmarks/throughput.py scaling --clients 1 2 4 8 16 --seconds 60 backend.envs_per_actor=8
     python benchmarks/throughput.py pipeline              # poly's own ceiling: zero-cost env, trivial policy
     python benchmarks/throughput.py pipeline --clients 2 --envs 64 128 256
     python benchmarks/throughput.py pipeline --learner cli --obs cartpole experiment=cartpole
+    python benchmarks/throughput.py pipeline --learner cli --clients 2 4 --envs 64 model=trivial_frames
     python benchmarks/throughput.py pipeline --obs float64 --clients 1   # the server's float range check
 
 train (the default mode): trains for --warmup + --seconds of training, by the run's own clock (its
 start-up not counted; once with the config's backend, or once per backend in --backends) and
-prints the steady-state steps/s after the warm-up, steps/s per
-core, efficiency = steps/s / (cores x the raw single-env rate measured just before, in the same
-run), GPU utilisation (when there is a GPU), peak memory (PSS of the whole process tree, so shared
-buffers count once) and the core-microseconds a step costs in env, inference, server work, batch
-gathering and learner update (from logs.csv).
+prints the steady-state steps/s after the warm-up, as a fraction of the raw single-env rate
+(measured just before, one env on one core), per core, and efficiency = steps/s / (cores x that
+rate); GPU utilisation (when there is a GPU) and peak memory (PSS of the whole process tree, so
+shared buffers count once). Then where a step's time went, in core-microseconds per env step:
+by process (the CPU time of each of the run's processes over the steady window, from /proc),
+by stage as the run timed itself (logs.csv: env, inference, server work, batch gathering, learner
+update), and each stage alone on one core after the run (_stages.py). With --steps N, a whole
+run of N steps instead, to its end: its wall-clock rate (start-up and shut-down included) beside
+the steady one.
 
 scaling: trains once per actor count in --clients (poly env clients by default; --backend mono
 for mono's actors) and prints a row each: steps/s, the mean central inference batch and its
@@ -29,7 +35,8 @@ ActorPool server answers with a trivial policy in its dynamic batches and assemb
 a learner takes batches as they come (stacks them, as the real learner does) without the math.
 Prints the ceiling in env-steps/s, wall microseconds per env-step and CPU microseconds per
 env-step (all processes; the figure that stays comparable when other work shares the machine).
---learner cli runs the real learner instead (`backend.role=learner` with the given overrides).
+--learner cli runs the real learner instead (`backend.role=learner` with the given overrides;
+model=trivial_frames, from benchmarks/conf, is a policy that costs the learner next to nothing).
 
 Hydra overrides (key=value) may stand anywhere on the line, after a list option too.
 """
@@ -47,7 +54,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import GpuSampler, composed, mean_of, platform_line, steady_rate, steps_per_update, train  # noqa: E402
 from _pipeline import OBS  # noqa: E402
-from _stages import random_actions, stage_costs  # noqa: E402
+from _stages import NATIVE_ENV, random_actions, stage_costs  # noqa: E402
 
 from torchbeast_hydra.logs.metrics import read_rows  # noqa: E402
 
@@ -126,10 +133,11 @@ def acting_batch(cfg) -> int:
 # -- train mode -------------------------------------------------------------------------------------
 
 
-def breakdown(rows: list, raw_env_sps: float) -> dict:
-    """Core-microseconds per env step by part, from what the backends log in logs.csv."""
+def breakdown(rows: list, env_us_alone: float) -> dict:
+    """Core-microseconds per env step by part, from what the backends log in logs.csv; the env's
+    cost alone on one core (env_us_alone) where the run does not time it (poly's clients)."""
     env_us = mean_of(rows, "actor_env_us_per_step")  # mono's actors time their own envs and policy
-    parts = {"env (in the actors)": env_us} if env_us is not None else {"env (raw, one core)": 1e6 / raw_env_sps}
+    parts = {"env (in the actors)": env_us} if env_us is not None else {"env (alone, one core)": env_us_alone}
     actor_inference_us = mean_of(rows, "actor_inference_us_per_step")
     if actor_inference_us is not None:
         parts["inference (in the actors)"] = actor_inference_us
@@ -183,11 +191,11 @@ def train_mode(args) -> None:
             _print_parts(
                 "  where the CPU went, by process (from /proc, over the steady window):", by_process(run, cores)
             )
-        parts = breakdown(run.rows, raw)
-        parts["the rest (messages, copies, idle, ...)"] = budget - sum(parts.values())
-        _print_parts("  by stage, as the run timed itself (logs.csv):", parts)
         batch = mean_of(run.rows, "inference_batch_size") or acting_batch(cfg)
         stages = stage_costs(cfg, max(1, round(batch)), envs_per_message=acting_batch(cfg))
+        parts = breakdown(run.rows, stages.get(NATIVE_ENV, 1e6 / raw))
+        parts["the rest (messages, copies, idle, ...)"] = budget - sum(parts.values())
+        _print_parts("  by stage, as the run timed itself (logs.csv):", parts)
         _print_parts("  each stage alone on one core, after the run (no contention):", stages)
 
 

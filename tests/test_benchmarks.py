@@ -54,9 +54,9 @@ def test_breakdown_divides_each_part_by_the_steps_it_served(throughput):
         for i in range(1, 4)
     ]
     rows[0]["server_us_per_step"] = "30"
-    assert throughput.breakdown(rows, raw_env_sps=2000) == pytest.approx(
+    assert throughput.breakdown(rows, env_us_alone=500.0) == pytest.approx(
         {
-            "env (raw, one core)": 500.0,
+            "env (alone, one core)": 500.0,
             "central inference (mean batch 8.0)": 100.0,
             "wire + assembly (server threads, CPU)": 30.0,
             "batch gathering (learner)": 10.0,
@@ -70,7 +70,7 @@ def test_breakdown_takes_monos_own_env_and_inference_costs(throughput):
         dict(step=640 * i, update_ms="64", actor_env_us_per_step="120", actor_inference_us_per_step="") for i in (1, 2)
     ]
     rows[1]["actor_inference_us_per_step"] = "250"  # a blank: nothing measured in that row
-    assert throughput.breakdown(rows, raw_env_sps=2000) == pytest.approx(
+    assert throughput.breakdown(rows, env_us_alone=500.0) == pytest.approx(
         {"env (in the actors)": 120.0, "inference (in the actors)": 250.0, "learner update": 100.0}
     )
 
@@ -106,10 +106,10 @@ def test_cpu_is_counted_per_process_role_over_the_window(throughput, monkeypatch
     assert common.cpu_by_role(before, after) == pytest.approx({learner: 3.0, actors: 1.5})
     role, seconds = common.cpu_by_process(os.getpid())[os.getpid()]  # the root is the learner's
     assert role.startswith("learner process") and seconds > 0
-    # 1,000 steps/s over 2 s on 2 cores: 1,000 core-us a step, of which the processes took 750
+    # 1,000 steps/s over 2 s on 2 cores: 2,000 core-us a step, of which the processes took 750
     run = throughput.Run(0, 2.0, 0, "", 2000, [], 1000.0, cpu={learner: 1.0, actors: 0.5}, window_s=2.0)
     assert throughput.by_process(run, cores=2) == pytest.approx(
-        {actors: 250.0, learner: 500.0, "idle (no process of the run on a core)": 250.0}
+        {actors: 250.0, learner: 500.0, "idle (no process of the run on a core)": 1250.0}
     )
 
 
