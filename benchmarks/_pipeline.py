@@ -23,7 +23,7 @@ from _common import cli_command, cpu_seconds, mean_of, process_tree, steady_rate
 from torchbeast_hydra.logs.metrics import read_rows
 
 BENCHMARKS = Path(__file__).resolve().parent
-PROBE_CONF = BENCHMARKS / "conf"  # the probes' own config options (model=pooled_frames)
+PROBE_CONF = BENCHMARKS / "conf"  # the probes' own config options (model=trivial_frames)
 
 # shape, dtype and number of actions of the frames the zero-cost env sends; float64: a MuJoCo-sized
 # vector (Humanoid-v5's 348) in float64, which the server checks against float32's range
@@ -220,7 +220,7 @@ def measure_cli(maker, args, clients: int, envs: int) -> dict:
                 f"backend.learner_queue_size={args.learner_queue_size}",
                 *args.overrides,
             ],
-            flags=(f"--config-dir={PROBE_CONF}",),  # model=pooled_frames: a trivial policy the real learner runs
+            flags=(f"--config-dir={PROBE_CONF}",),  # model=trivial_frames: a trivial policy the real learner runs
         )
         learner = subprocess.Popen(
             command,

@@ -9,6 +9,7 @@ torch.profiler scopes Learner._step names), weight publication and logging a row
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 import time
 from pathlib import Path
@@ -79,7 +80,7 @@ def env_costs(cfg) -> dict:
     envs = Environments(cfg.env, 1, seed=0)
     envs.initial()
     actions = random_actions(envs.spec.actions, 256)
-    counter = iter(range(10**12))
+    counter = itertools.count()
     ours = _per_step_us(lambda: envs.step(actions[next(counter) % len(actions)][None]))
     envs.close()
 
@@ -126,7 +127,7 @@ def native_env_cost(env_cfg, actions: np.ndarray, num_envs: int = 4) -> float:
 
     envs = envs_maker(env_cfg, 1)(num_envs, 0)
     envs.initial()
-    counter = iter(range(10**12))
+    counter = itertools.count()
     batched = actions[: len(actions) // num_envs * num_envs].reshape(-1, num_envs, *actions.shape[1:])
     cost = _per_step_us(lambda: envs.step(batched[next(counter) % len(batched)])) / num_envs
     envs.close()
