@@ -229,6 +229,14 @@ def children(pid):
     return [int(p) for p in out.split()]
 
 
+def running(pid) -> bool:
+    """Whether the process exists and is not a zombie (an exited child nobody has reaped yet)."""
+    try:
+        return "zombie" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
 def actor_pids(pid):
     return [p for p in children(pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
 

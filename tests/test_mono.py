@@ -4,7 +4,6 @@ resumes a run refuses, in process)."""
 import os
 import shutil
 import signal
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ import yaml
 
 from torchbeast_hydra.run import checkpoint
 
-from helpers import REPO, TINY, actor_pids, cli_env, resume_refusal, rows, run_cli, start_cli, steps, wait_for
+from helpers import REPO, TINY, actor_pids, cli_env, resume_refusal, rows, run_cli, running, start_cli, steps, wait_for
 
 pytestmark = pytest.mark.slow  # end-to-end runs; `make test-fast` leaves them out
 
@@ -224,7 +223,7 @@ def test_sigterm_stops_cleanly_with_a_checkpoint_and_no_orphans(tmp_path):
     assert "Resume with: python -m torchbeast_hydra experiment=cartpole " in last
     assert last.endswith(f" hydra.run.dir={run_dir}")
     for pid in actors:
-        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+        assert not running(pid)
 
 
 def test_test_mode_without_checkpoint_fails_clearly(tmp_path):

@@ -14,6 +14,7 @@ TensorBoard. A failing evaluation logs one warning and turns evaluation off; tra
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import queue
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 FILENAME = "eval.csv"
 STOP_TIMEOUT_S = 10.0
 FINISH_TIMEOUT_S = 120.0  # at the end of a run, for the evaluation still playing
+PARENT_CHECK_S = 1.0  # how often the evaluation process, idle, checks that the learner's is alive
 
 
 class Player:
@@ -63,12 +65,24 @@ def _worker(model_cfg, env_cfg, seed, episodes, max_episode_steps, greedy, reque
     """The evaluation process: plays each snapshot it is sent until it is sent None."""
     try:
         player = Player(model_cfg, env_cfg, seed)
-        while (request := requests.get()) is not None:
+        while (request := _next_request(requests)) is not None:
             step, weights = request
             results.put((step, player.play(weights, episodes, max_episode_steps, greedy)))
         player.close()
     except Exception as error:  # reported by the learner process, which turns evaluation off
         results.put((None, f"{type(error).__name__}: {error}"))
+
+
+def _next_request(requests):
+    """The next snapshot to play, or None: sent to stop, or the learner process is gone (killed,
+    say by the OOM killer: nothing would ever come, and the process would outlive its run)."""
+    parent = multiprocessing.parent_process()
+    while True:
+        try:
+            return requests.get(timeout=PARENT_CHECK_S)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():
+                return None
 
 
 class Evaluations:
