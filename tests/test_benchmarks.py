@@ -154,6 +154,20 @@ def test_random_actions_fit_each_kind_of_action_space(throughput):
             assert actions.min() == 0 and (actions < np.asarray(spec.nvec or (2,) * spec.size)).all()
 
 
+def test_train_mode_with_steps_runs_a_whole_run_to_its_end(throughput, monkeypatch):
+    asked = []
+
+    def train(run_dir, overrides, seconds=None, warmup=0.0):
+        asked.append((overrides[-1], seconds))
+        return import_benchmark(monkeypatch, "_common").Trained(0, 10.0, 0)
+
+    monkeypatch.setattr(throughput, "train", train)
+    assert throughput.parse_args(["--steps", "150000"]).steps == 150000
+    throughput.measure(["backend=poly"], warmup=20, seconds=30, steps=150000)
+    throughput.measure(["backend=poly"], warmup=20, seconds=30)
+    assert asked == [("total_steps=150000", None), ("backend=poly", 50)]  # to its end; else stopped after 50 s
+
+
 def test_overrides_replace_the_benchmarks_defaults_of_the_same_key(throughput):
     overrides = throughput.with_defaults(["env=nethack", "batch_size=32", "backend=poly"])
     assert "env=pong" not in overrides and "batch_size=8" not in overrides

@@ -172,7 +172,8 @@ def test_clipping_observations_to_the_models_range_trains_on_and_counts_the_clip
     assert sum(int(row["clipped_obs"]) for row in logged) > 0
 
 
-def test_pong_run_with_atari_net(tmp_path):
+@pytest.mark.parametrize("vector_env", [True, False], ids=["native-vector-env", "gymnasium-envs"])
+def test_pong_run_with_atari_net(tmp_path, vector_env):
     run_dir = tmp_path / "run"
     run_cli(
         run_dir,
@@ -182,6 +183,7 @@ def test_pong_run_with_atari_net(tmp_path):
         "batch_size=4",
         "backend.num_actors=1",
         "backend.envs_per_actor=2",
+        f"backend.vector_env={str(vector_env).lower()}",
     )
     logged = rows(run_dir)
     assert int(logged[-1]["step"]) >= 640
