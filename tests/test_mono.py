@@ -9,6 +9,7 @@ import pytest
 import torch
 import yaml
 
+from torchbeast_hydra.backends.mono import actors
 from torchbeast_hydra.run import checkpoint
 
 from helpers import REPO, TINY, actor_pids, cli_env, resume_refusal, rows, run_cli, running, start_cli, steps, wait_for
@@ -170,6 +171,65 @@ def test_clipping_observations_to_the_models_range_trains_on_and_counts_the_clip
     logged = rows(run_dir)
     assert steps(run_dir)[-1] >= 2560 and all(float(row["total_loss"]) == float(row["total_loss"]) for row in logged)
     assert sum(int(row["clipped_obs"]) for row in logged) > 0
+
+
+class FreshArrays:
+    """Envs that hand back new arrays at each step, as the native vector env does with its frames:
+    the observation is the step's number."""
+
+    def __init__(self, spec, num_envs: int):
+        self.spec, self.num_envs, self.t = spec, num_envs, 0
+
+    def __len__(self) -> int:
+        return self.num_envs
+
+    def initial(self) -> dict:
+        return self._outputs()
+
+    def step(self, actions) -> dict:
+        self.t += 1
+        return self._outputs()
+
+    def _outputs(self) -> dict:
+        from torchbeast_hydra.env.layout import env_outputs
+
+        out = env_outputs(self.spec, self.num_envs)
+        out["frame"][:] = self.t
+        return out
+
+
+class Grants:
+    """The learner's end of an actor's pipe: grants these buffers once, then says stop."""
+
+    def __init__(self, buffers: list):
+        self.messages = [actors._encode(buffers), b""]
+        self.sent = []
+
+    def recv_bytes(self) -> bytes:
+        return self.messages.pop(0)
+
+    def send_bytes(self, message: bytes) -> None:
+        self.sent.append(message)
+
+
+def test_actors_write_each_steps_observation_even_when_the_envs_hand_back_new_arrays():
+    """The native vector env returns a new frame array each step; an actor that kept views of the
+    first step's arrays wrote that frame into every row (Pong did not learn)."""
+    from torchbeast_hydra.agent.models import make_model
+    from torchbeast_hydra.env.spaces import EnvSpec
+
+    spec = EnvSpec.box((4,), "uint8", 3)
+    model = make_model({"_target_": "torchbeast_hydra.agent.models.MLPBody", "hidden_sizes": [8]}, spec)
+    T, count = 5, 4
+    buffers, states = actors.create_buffers(spec, T, count), actors.create_state_buffers(model, count)
+    envs = FreshArrays(spec, num_envs=2)
+    guard = actors.ObservationGuard(spec, "FreshArrays", limit=3e38, clip=False)
+    pipe = Grants([1, 3])
+    actors._act(envs, guard, T, model, buffers, states, pipe)
+    assert pipe.sent and pipe.sent[0].startswith(actors.REPORT)
+    for t in range(T + 1):
+        assert (buffers["frame"][t, [1, 3]] == t).all(), t
+    assert (buffers["frame"][:, [0, 2]] == 0).all()  # buffers not granted are left alone
 
 
 @pytest.mark.parametrize("vector_env", [True, False], ids=["native-vector-env", "gymnasium-envs"])

@@ -243,11 +243,16 @@ def actor_main(
         envs.close()
 
 
-def _act(envs, guard, unroll_length, model, buffers, state_buffers, conn) -> None:
-    # Tensor views of the envs' output arrays, which Environments updates in place (and guard clips).
-    outputs = envs.initial()
+def _observe(outputs: dict, guard: ObservationGuard) -> dict:
+    """The envs' outputs, checked (and clipped) by guard, as tensor views [1, num_envs, ...]. Taken
+    from each step's outputs: an env maker may hand back new arrays each step (the native vector
+    env's frames are its own buffers), not only write into the same ones."""
     guard(outputs)
-    env_output = {key: torch.from_numpy(array).unsqueeze(0) for key, array in outputs.items()}
+    return {key: torch.from_numpy(array).unsqueeze(0) for key, array in outputs.items()}
+
+
+def _act(envs, guard, unroll_length, model, buffers, state_buffers, conn) -> None:
+    env_output = _observe(envs.initial(), guard)
     core_state = model.initial_state(len(envs))
     with torch.no_grad():
         agent_output, _ = model(env_output, core_state)
@@ -275,7 +280,7 @@ def _act(envs, guard, unroll_length, model, buffers, state_buffers, conn) -> Non
             with torch.no_grad():
                 agent_output, core_state = model(env_output, core_state)
             stepped = time.process_time()
-            guard(envs.step(agent_output["action"][0].numpy()))
+            env_output = _observe(envs.step(agent_output["action"][0].numpy()), guard)
             env_s, inference_s = env_s + time.process_time() - stepped, inference_s + stepped - started
             write_row(t, idx)
         conn.send_bytes(_encode_report(idx.tolist(), env_s, inference_s, guard.take_clipped()))
