@@ -116,9 +116,10 @@ def vector_env_applies(cfg: EnvConfig) -> bool:
     return same
 
 
-def envs_maker(cfg: EnvConfig, num_threads: int = 1):
-    """The env maker for a client: AtariVectorEnvs where it applies, else GymnasiumEnvs."""
-    return AtariVectorEnvs(cfg, num_threads) if vector_env_applies(cfg) else GymnasiumEnvs(cfg)
+def envs_maker(cfg: EnvConfig, num_threads: int = 1, native: bool = True):
+    """The env maker for mono's actors and poly's clients: AtariVectorEnvs where it applies, else
+    GymnasiumEnvs; native=False (backend.vector_env=false): always GymnasiumEnvs."""
+    return AtariVectorEnvs(cfg, num_threads) if native and vector_env_applies(cfg) else GymnasiumEnvs(cfg)
 
 
 def _pad_with_first_frame(frames: np.ndarray, steps: np.ndarray) -> None:

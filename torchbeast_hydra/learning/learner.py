@@ -94,6 +94,13 @@ BUILTIN_TERMS = {
 }
 
 
+def _stage(name: str):
+    """A torch.profiler scope for a stage of the learner's step (benchmarks/_stages.py reads them),
+    entered only while a profiler records: otherwise each costs ~7 us, and APPO's presets take 80
+    optimiser steps an update."""
+    return record_function(name) if torch.autograd._profiler_enabled() else contextlib.nullcontext()
+
+
 def loss_terms(cfg: VtraceConfig) -> dict:
     """name -> (term, cost): IMPALA's terms, then vtrace.extra_losses (yours, by import path)."""
     terms = {
@@ -295,20 +302,19 @@ class Learner:
 
     def _step(self, batch: dict, initial_core_state: tuple) -> list:
         """One optimiser step on (part of) a batch; its figures (the loss terms, the grad norm)."""
-        # The stages are named for torch.profiler (benchmarks/throughput.py's profile reads them).
-        with record_function("learner/forward"), accel.autocast(self.cfg.accel, self.device):
+        with _stage("learner/forward"), accel.autocast(self.cfg.accel, self.device):
             outputs, _ = self.forward(batch, initial_core_state, action="none")
-        with record_function("learner/losses"):
+        with _stage("learner/losses"):
             outputs = {key: value.float() for key, value in outputs.items()}  # V-trace and the losses in fp32
             losses = compute_losses(self.vtrace_cfg, batch, outputs, self.loss_terms, self.model.dist)
-        with record_function("learner/backward"):
+        with _stage("learner/backward"):
             self.optimizer.zero_grad(set_to_none=True)
             losses["total_loss"].backward()
         figures = torch.stack(list(losses.values())).detach()
         if self.average_gradients is not None:  # every rank steps with the same (mean) gradient
-            with record_function("learner/all_reduce"):
+            with _stage("learner/all_reduce"):
                 self.average_gradients(self.parameters, figures)
-        with record_function("learner/optimiser"):
+        with _stage("learner/optimiser"):
             return self._optimiser_step(losses, figures)
 
     def _optimiser_step(self, losses: dict, figures: torch.Tensor) -> list:

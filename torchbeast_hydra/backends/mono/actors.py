@@ -33,7 +33,7 @@ from torchbeast_hydra.agent.models import make_model
 from torchbeast_hydra.backends.mono.settings import num_buffers
 from torchbeast_hydra.env.actions import ActionError, bad_rows
 from torchbeast_hydra.env.layout import AGENT_KEYS, env_keys, fits_limit, within_limit, zero_rollouts
-from torchbeast_hydra.env.native import GymnasiumEnvs, envs_maker
+from torchbeast_hydra.env.native import envs_maker
 from torchbeast_hydra.env.spaces import EnvSpec
 from torchbeast_hydra.learning import accel
 from torchbeast_hydra.logs.metrics import measured
@@ -215,7 +215,7 @@ class BufferPool:
 
 
 def actor_main(
-    env_cfg, make_envs, num_envs, seed, unroll_length, model, buffers, state_buffers, conn, obs_limit, clip_obs
+    env_id, make_envs, num_envs, seed, unroll_length, model, buffers, state_buffers, conn, obs_limit, clip_obs
 ):
     """An actor process: fill the granted buffers with unrolls until told to stop. make_envs:
     env/native.py's maker (the native vector env for Atari ids, else the gymnasium envs)."""
@@ -224,7 +224,7 @@ def actor_main(
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # SLURM signals the whole job; the parent handles it
     torch.manual_seed(seed)
     envs = make_envs(num_envs, seed)
-    guard = ObservationGuard(envs.spec, env_cfg.id, obs_limit, clip_obs)
+    guard = ObservationGuard(envs.spec, env_id, obs_limit, clip_obs)
     try:
         _act(envs, guard, unroll_length, model, buffers, state_buffers, conn)
     except (EOFError, ConnectionError, KeyboardInterrupt):
@@ -307,7 +307,7 @@ class MonoBeast(Backend):
         self.pool = BufferPool(count, backend.envs_per_actor, cfg.unroll_length)
         self.env_cfg = OmegaConf.to_object(cfg.env)
         # One native thread per actor: an actor per core is the machine's share already.
-        self.make_envs = envs_maker(self.env_cfg, 1) if backend.vector_env else GymnasiumEnvs(self.env_cfg)
+        self.make_envs = envs_maker(self.env_cfg, 1, native=backend.vector_env)
         self.obs_limit = accel.float_limit(cfg.accel)
         self.actors = ActorProcesses(
             self._start_actor,
@@ -330,7 +330,7 @@ class MonoBeast(Backend):
             target=actor_main,
             name=f"actor-{index}",
             args=(
-                self.env_cfg,
+                self.env_cfg.id,
                 self.make_envs,
                 backend.envs_per_actor,
                 seed,

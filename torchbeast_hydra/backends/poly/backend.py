@@ -65,7 +65,7 @@ def local_clients(cfg, address: str, token: str, max_message_bytes: int) -> Acto
     ctx = mp.get_context("spawn")
     env_cfg = OmegaConf.to_object(cfg.env)
     threads = max(1, usable_cores() // backend.num_actors)  # the native vector env's, per client
-    make_envs = envs_maker(env_cfg, threads) if backend.vector_env else None
+    make_envs = envs_maker(env_cfg, threads, native=backend.vector_env)
     connection = Connection(address, token, backend.connect_timeout_s, max_message_bytes)
     kwargs = dict(env_cfg=env_cfg, connection=connection, num_envs=backend.envs_per_actor, make_envs=make_envs)
     kwargs.update(ignore_sigint=True)  # the parent handles Ctrl-C
