@@ -74,15 +74,9 @@ def env_costs(cfg) -> dict:
     differences are our wrapper's and the preprocessing's costs."""
     from torchbeast_hydra.env.make import atari_settings, is_atari, make_env
     from torchbeast_hydra.env.native import vector_env_applies
-    from torchbeast_hydra.env.vector import Environments
 
     rng = np.random.default_rng(0)
-    envs = Environments(cfg.env, 1, seed=0)
-    envs.initial()
-    actions = random_actions(envs.spec.actions, 256)
-    counter = itertools.count()
-    ours = _per_step_us(lambda: envs.step(actions[next(counter) % len(actions)][None]))
-    envs.close()
+    ours, actions = lockstep_env_us(cfg.env)
 
     env = make_env(cfg.env)
     env.reset(seed=0)
@@ -118,6 +112,20 @@ def env_costs(cfg) -> dict:
     if cfg.backend.vector_env and vector_env_applies(cfg.env):
         costs[NATIVE_ENV] = native_env_cost(cfg.env, actions)
     return costs
+
+
+def lockstep_env_us(env_cfg, seconds: float = 2.0) -> tuple[float, np.ndarray]:
+    """CPU microseconds a step of one env through our lockstep wrapper (Environments), random
+    actions; and the actions it drew."""
+    from torchbeast_hydra.env.vector import Environments
+
+    envs = Environments(env_cfg, 1, seed=0)
+    envs.initial()
+    actions = random_actions(envs.spec.actions, 256)
+    counter = itertools.count()
+    cost = _per_step_us(lambda: envs.step(actions[next(counter) % len(actions)][None]), seconds)
+    envs.close()
+    return cost, actions
 
 
 def native_env_cost(env_cfg, actions: np.ndarray, num_envs: int = 4) -> float:

@@ -47,14 +47,13 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import GpuSampler, composed, mean_of, platform_line, steady_rate, steps_per_update, train  # noqa: E402
 from _pipeline import OBS  # noqa: E402
-from _stages import NATIVE_ENV, random_actions, stage_costs  # noqa: E402
+from _stages import NATIVE_ENV, lockstep_env_us, stage_costs  # noqa: E402
 
 from torchbeast_hydra.logs.metrics import read_rows  # noqa: E402
 
@@ -108,18 +107,8 @@ def measure(overrides: list, warmup: float, seconds: float, steps: int | None = 
 
 
 def env_steps_per_second(env_cfg, seconds: float = 5.0) -> float:
-    """One env on one core, random actions: what a core can give at most."""
-    from torchbeast_hydra.env.vector import Environments
-
-    envs = Environments(env_cfg, 1, seed=0)
-    envs.initial()
-    actions = random_actions(envs.spec.actions, 10_000)
-    steps, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        envs.step(actions[steps % len(actions)][None])
-        steps += 1
-    envs.close()
-    return steps / (time.perf_counter() - started)
+    """One env on one core, random actions: what a core can give at most (its CPU time a step)."""
+    return 1e6 / lockstep_env_us(env_cfg, seconds)[0]
 
 
 def acting_batch(cfg) -> int:
