@@ -62,6 +62,20 @@ def test_job_dirs_are_named_by_the_swept_overrides(tmp_path):
     assert job_subdir(["experiment=cartpole", "total_steps=4096", "seed=1"], tmp_path, 0) == "seed=1,total_steps=4096"
 
 
+def test_a_later_command_on_a_sweep_dir_keeps_its_job_dirs_and_never_resumes_another_config(tmp_path):
+    start_sweep(tmp_path, "experiment=cartpole", "seed=1,2,3", "optim.learning_rate=0.001")
+    fixed = ["experiment=cartpole", "optim.learning_rate=0.001"]
+    assert job_subdir([*fixed, "seed=3"], tmp_path, 2) == "seed=3"
+    # Seed 3 alone again (its one value now fixed on the command line): the same dir, to resume.
+    start_sweep(tmp_path, "experiment=cartpole", "seed=3", "optim.learning_rate=0.001")
+    assert job_subdir([*fixed, "seed=3"], tmp_path, 0) == "seed=3"
+    # Another learning rate on the same dir: dirs of its own, not the other runs' checkpoints.
+    start_sweep(tmp_path, "experiment=cartpole", "seed=1,2", "optim.learning_rate=0.01")
+    assert job_subdir(["experiment=cartpole", "optim.learning_rate=0.01", "seed=1"], tmp_path, 0) == (
+        "optim.learning_rate=0.01,seed=1"
+    )
+
+
 def test_job_dir_names_are_filesystem_safe(tmp_path):
     # No record of the sweep's command line: every override names the dir.
     assert job_subdir(["seed=1", "env=pong"], tmp_path, 3) == "env=pong,seed=1"

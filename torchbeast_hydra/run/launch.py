@@ -78,7 +78,12 @@ def safe_dir_name(name: str, job_num) -> str:
 
 class RecordSweepOverrides(Callback):
     """Records, at a sweep's start, which of its command-line overrides are fixed (one value), in
-    SWEEP_DIR/.sweep_overrides.yaml: job dirs are named by the others (job_subdir)."""
+    SWEEP_DIR/.sweep_overrides.yaml: job dirs are named by the others (job_subdir).
+
+    The first command of a sweep dir writes the record and later ones keep it, so a later command
+    on the same dir (a subset of its jobs, `seed=3` alone) finds the same job dirs again, and one
+    that fixes another value (`optim.learning_rate=0.01` where the sweep had 0.001) gets dirs of
+    its own instead of resuming runs of another config."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -90,8 +95,17 @@ class RecordSweepOverrides(Callback):
             return
         fixed = [line for line, o in zip(typed, parsed) if not o.is_sweep_override()]
         sweep_dir = Path(str(config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(OmegaConf.create(dict(fixed=fixed, command_line=typed)), sweep_dir / SWEEP_OVERRIDES_FILE)
+        recorded = fixed_overrides(sweep_dir)
+        if recorded is None:
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+            OmegaConf.save(OmegaConf.create(dict(fixed=fixed, command_line=typed)), sweep_dir / SWEEP_OVERRIDES_FILE)
+        elif unrecorded := [o for o in fixed if not is_fixed(o, recorded)]:
+            log.info(
+                "This sweep dir's job dirs are named as its first command named them (%s): "
+                "%s, fixed here but not there, will name this command's job dirs.",
+                sweep_dir / SWEEP_OVERRIDES_FILE,
+                ", ".join(unrecorded),
+            )
 
 
 def register_resolvers() -> None:
