@@ -27,9 +27,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_role_all_trains_logs_checkpoints_and_test_mode_plays_it(tmp_path):
+@pytest.mark.parametrize("transport", ["shared_memory", "grpc"])
+def test_role_all_trains_logs_checkpoints_and_test_mode_plays_it(tmp_path, transport):
     run_dir = tmp_path / "run"
-    result = run_cli(run_dir, *POLY_TINY)
+    result = run_cli(run_dir, *POLY_TINY, f"backend.local_transport={transport}")
     logged = rows(run_dir)
     assert int(logged[-1]["step"]) >= 2560
     assert steps(run_dir) == sorted(set(steps(run_dir)))
@@ -39,7 +40,12 @@ def test_role_all_trains_logs_checkpoints_and_test_mode_plays_it(tmp_path):
     assert all(row["learner_queue_size"] is not None for row in logged)
     state = checkpoint.load(checkpoint.path_in(run_dir))
     assert state["step"] == int(logged[-1]["step"]) and state["config"]["backend"]["name"] == "poly"
-    assert "The learner ended this client's session (training finished); exiting." in result.stderr + result.stdout
+    output = result.stderr + result.stdout
+    if transport == "grpc":
+        assert output.count(" connected from ") == 2
+        assert "The learner ended this client's session (training finished); exiting." in output
+    else:
+        assert output.count(" connected over shared memory with ") == 2
 
     played = run_cli(tmp_path / "test", "mode=test", f"load_dir={run_dir}", "test.num_episodes=2")
     assert "Mean return over 2 episodes" in played.stdout
@@ -50,7 +56,7 @@ def test_killed_client_leaves_partial_rollouts_and_the_run_finishes(tmp_path):
     log_file = run_dir / "torchbeast.log"
 
     def connections():
-        return log_file.read_text().count(" connected from ") if log_file.exists() else 0
+        return log_file.read_text().count(" connected over shared memory ") if log_file.exists() else 0
 
     learner = start_cli(run_dir, *POLY_TINY, "total_steps=30000")
     try:
@@ -181,7 +187,9 @@ def test_env_client_with_a_wrong_token_is_refused(tmp_path):
 @pytest.mark.slow
 def test_local_clients_of_a_stopped_learner_say_it_was_stopped_not_finished(tmp_path):
     run_dir = tmp_path / "run"
-    learner = start_cli(run_dir, *POLY_TINY, "total_steps=10000000", "backend.num_actors=1")
+    learner = start_cli(
+        run_dir, *POLY_TINY, "total_steps=10000000", "backend.num_actors=1", "backend.local_transport=grpc"
+    )
     try:
         wait_for(lambda: (run_dir / "logs.csv").exists() and len(rows(run_dir)) >= 2, 120, "training")
         learner.send_signal(signal.SIGTERM)

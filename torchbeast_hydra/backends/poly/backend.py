@@ -23,12 +23,12 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from torchbeast_hydra.agent.models import make_model
-from torchbeast_hydra.backends.poly import wire
+from torchbeast_hydra.backends.poly import local, wire
 from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
 from torchbeast_hydra.backends.poly.client import FINISHED, REFUSED, UNREACHABLE, Connection, client_main
 from torchbeast_hydra.backends.poly.rollouts import RolloutQueue
 from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings, finite_rows, make_server
-from torchbeast_hydra.backends.poly.settings import PolyRole, split_address
+from torchbeast_hydra.backends.poly.settings import LocalTransport, PolyRole, split_address
 from torchbeast_hydra.env.native import envs_maker
 from torchbeast_hydra.env.spaces import probe_env
 from torchbeast_hydra.errors import ConfigError
@@ -59,13 +59,20 @@ def resolve_token(backend) -> str:
     )
 
 
+def client_envs(cfg):
+    """(env config, envs maker) for a machine's env clients: each steps its envs on its share of
+    the cores (Atari's native vector env: threads)."""
+    env_cfg = OmegaConf.to_object(cfg.env)
+    threads = max(1, usable_cores() // cfg.backend.num_actors)
+    return env_cfg, envs_maker(env_cfg, threads, native=cfg.backend.vector_env)
+
+
 def local_clients(cfg, address: str, token: str, max_message_bytes: int) -> ActorProcesses:
-    """Env client processes on this machine (role=all and role=env), replaced when they die."""
+    """Env client processes on this machine speaking gRPC (role=env, and role=all with
+    backend.local_transport=grpc), replaced when they die."""
     backend = cfg.backend
     ctx = mp.get_context("spawn")
-    env_cfg = OmegaConf.to_object(cfg.env)
-    threads = max(1, usable_cores() // backend.num_actors)  # the native vector env's, per client
-    make_envs = envs_maker(env_cfg, threads, native=backend.vector_env)
+    env_cfg, make_envs = client_envs(cfg)
     connection = Connection(address, token, backend.connect_timeout_s, max_message_bytes)
     kwargs = dict(env_cfg=env_cfg, connection=connection, num_envs=backend.envs_per_actor, make_envs=make_envs)
     kwargs.update(ignore_sigint=True)  # the parent handles Ctrl-C
@@ -75,6 +82,20 @@ def local_clients(cfg, address: str, token: str, max_message_bytes: int) -> Acto
         process.start()
         return process
 
+    return client_processes(start, backend)
+
+
+def shared_memory_clients(cfg, pool: ActorPool) -> ActorProcesses:
+    """role=all's env client processes over shared memory (local.py), replaced when they die."""
+    ctx = mp.get_context("spawn")
+    _, make_envs = client_envs(cfg)
+    num_envs = cfg.backend.envs_per_actor
+    return client_processes(
+        lambda index, number: local.start_client(pool, ctx, pool.spec, num_envs, make_envs, index), cfg.backend
+    )
+
+
+def client_processes(start, backend) -> ActorProcesses:
     return ActorProcesses(
         start,
         backend.num_actors,
@@ -139,8 +160,12 @@ class PolyBeast(Backend):
 
     def start(self) -> None:
         self.server, port = self._start_server()
-        if PolyRole(self.cfg.backend.role) is PolyRole.all:
-            self.clients = local_clients(self.cfg, f"127.0.0.1:{port}", self.token, self.max_message_bytes)
+        backend = self.cfg.backend
+        if PolyRole(backend.role) is PolyRole.all:
+            if LocalTransport(backend.local_transport) is LocalTransport.shared_memory:
+                self.clients = shared_memory_clients(self.cfg, self.pool)
+            else:
+                self.clients = local_clients(self.cfg, f"127.0.0.1:{port}", self.token, self.max_message_bytes)
             self.clients.start()
 
     def wait(self, timeout: float) -> None:
@@ -168,7 +193,10 @@ class PolyBeast(Backend):
         backend = self.cfg.backend
         if self.clients is not None:
             envs = backend.num_actors * backend.envs_per_actor
-            acting = f"{backend.num_actors} local env clients x {backend.envs_per_actor} envs = {envs} envs"
+            acting = (
+                f"{backend.num_actors} local env clients x {backend.envs_per_actor} envs = {envs} envs, "
+                f"over {LocalTransport(backend.local_transport).value.replace('_', ' ')}"
+            )
         else:
             acting = "env clients connect from other machines (backend.role=env)"
         return dict(

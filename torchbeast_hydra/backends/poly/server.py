@@ -150,12 +150,9 @@ class ActorPool:
             self._authenticate(context)
             self._open(stream)
             hello = self._hello(stream.receive(requests))
-            client_id = next(self._ids)
-            session = Session(self, hello.num_envs)
-            with self._lock:
-                self.connected += 1
+            client_id, seed = self.new_client()
+            session = self.open_session(hello.num_envs)
             log.info("Client %d connected from %s with %d envs.", client_id, peer, hello.num_envs)
-            seed = actor_seed(self.settings.seed, client_id, self.settings.max_envs_per_client)
             stream.replying()
             yield wire.ServerMessage(welcome=wire.Welcome(client_id=client_id, seed=seed))
             while (raw := stream.receive(requests)) is not None:
@@ -170,7 +167,7 @@ class ActorPool:
                     break
                 message = wire.ServerMessage()
                 wire.encode_array(actions, message.actions)
-                self._count_step(time.thread_time() - started, hello.num_envs)
+                self.count_step(time.thread_time() - started, hello.num_envs)
                 stream.replying()
                 yield message
             else:
@@ -183,11 +180,7 @@ class ActorPool:
             yield wire.ServerMessage(finished=wire.Finished(reason=self.finished_reason))
         except Refused as refused:
             if refused.code is not grpc.StatusCode.UNAVAILABLE:
-                with self._lock:
-                    self.rejected += 1
-                if session is not None:
-                    session.discarded = True  # it sent what we refuse: none of its unrolls reach the learner
-                log.warning("Refused client %s: %s", peer, refused.details)
+                self.refuse(session, peer, refused.details)
             context.abort(refused.code, refused.details)
         except grpc.RpcError:  # the stream was cancelled: by the client, or by us for silence
             pass
@@ -200,14 +193,39 @@ class ActorPool:
                     self.settings.client_idle_timeout_s,
                 )
             if session is not None:
-                partial = session.close()
-                with self._lock:
-                    self.connected -= 1
-                if not self.stopping.is_set():
-                    fate = "are discarded" if session.discarded else "go to the learner as partial rollouts"
-                    log.info("Client %d left; its %d unfinished unrolls %s.", client_id, partial, fate)
+                self.close_session(session, client_id)
 
-    def _count_step(self, seconds: float, num_envs: int) -> None:
+    # -- a client's session, whichever way it connects (a gRPC stream, or shared memory: local.py) --
+
+    def new_client(self) -> tuple[int, int]:
+        """A new client's id, and the seed its envs derive theirs from (seeding.actor_seed)."""
+        client_id = next(self._ids)
+        return client_id, actor_seed(self.settings.seed, client_id, self.settings.max_envs_per_client)
+
+    def open_session(self, num_envs: int) -> "Session":
+        session = Session(self, num_envs)
+        with self._lock:
+            self.connected += 1
+        return session
+
+    def refuse(self, session: "Session | None", who, reason: str) -> None:
+        """A client sent what we refuse: none of its unrolls may reach the learner."""
+        with self._lock:
+            self.rejected += 1
+        if session is not None:
+            session.discarded = True
+        log.warning("Refused client %s: %s", who, reason)
+
+    def close_session(self, session: "Session", client_id: int) -> None:
+        """The client left: its unfinished unrolls go on as partial rollouts (or are discarded)."""
+        partial = session.close()
+        with self._lock:
+            self.connected -= 1
+        if not self.stopping.is_set():
+            fate = "are discarded" if session.discarded else "go to the learner as partial rollouts"
+            log.info("Client %d left; its %d unfinished unrolls %s.", client_id, partial, fate)
+
+    def count_step(self, seconds: float, num_envs: int) -> None:
         with self._lock:
             self._step_seconds += seconds
             self._step_envs += num_envs

@@ -17,6 +17,13 @@ class PolyRole(enum.Enum):
     env = "env"  # env clients only, connecting to a learner at backend.address
 
 
+class LocalTransport(enum.Enum):
+    """How role=all's own env clients, on the learner's machine, reach its ActorPool."""
+
+    shared_memory = "shared_memory"  # shared tensors and semaphores (local.py): no gRPC framing
+    grpc = "grpc"  # the wire remote clients use, over loopback
+
+
 @dataclass
 class PolyConfig(BackendConfig):
     """PolyBeast: the learner hosts an ActorPool gRPC server that runs the policy for every
@@ -46,6 +53,9 @@ class PolyConfig(BackendConfig):
     max_envs_per_client: int = 256  # sizes the gRPC message limit: larger steps are refused
     connect_timeout_s: float = 60.0  # clients wait this long for a learner that is not up (yet)
     inference_torch_threads: int = 1  # intra-op threads for central inference
+    # role=all's env clients: over shared memory (no gRPC framing; the same checks, sessions and
+    # seeds), or over gRPC on loopback as remote clients connect. role=env always speaks gRPC.
+    local_transport: LocalTransport = LocalTransport.shared_memory
 
 
 ADDRESS_FILE_PREFIX = "file:"

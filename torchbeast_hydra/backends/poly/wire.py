@@ -208,10 +208,19 @@ def decode_step(message, num_envs: int, spec, float_limit: float = FLOAT32_LIMIT
     if message.WhichOneof("kind") != "step":
         raise WireError(f"expected a step, got {message.WhichOneof('kind') or 'an empty message'}")
     step = message.step
-    arrays = _decode_obs(step, num_envs, spec, float_limit)
+    arrays = _decode_obs(step, num_envs, spec)
     for key in OTHER_STEP_KEYS:
         shape, dtype = spec.step_specs[key]
         arrays[key] = decode_array(getattr(step, key), key, dtype.name, (num_envs, *shape))
+    return check_step(arrays, spec, float_limit)
+
+
+def check_step(arrays: dict, spec, float_limit: float = FLOAT32_LIMIT) -> dict:
+    """A step's arrays [num_envs, ...] of the right dtypes and shapes, if their values are what
+    spec allows: every observation leaf (check_leaf), the last actions, finite rewards; WireError
+    if not. What any client sends passes here, over gRPC or shared memory (local.py)."""
+    for leaf in spec.leaves:
+        check_leaf(leaf, arrays[leaf.key], float_limit)
     try:
         check(spec.actions, arrays["last_action"], "last_action", taken=True)
     except ActionError as error:
@@ -221,14 +230,13 @@ def decode_step(message, num_envs: int, spec, float_limit: float = FLOAT32_LIMIT
     return arrays
 
 
-def _decode_obs(step, num_envs: int, spec, float_limit: float) -> dict:
+def _decode_obs(step, num_envs: int, spec) -> dict:
     """The observation's leaves: Step.frame for one array (no loop), else Step.obs, one named Array each."""
     if spec.single:
         if step.obs:
             raise WireError(f"extra observation leaves {[a.name for a in step.obs]}: this env's observation is a frame")
         leaf = spec.leaves[0]
-        frame = decode_array(step.frame, FRAME, leaf.dtype.name, (num_envs, *leaf.shape))
-        return {FRAME: check_leaf(leaf, frame, float_limit)}
+        return {FRAME: decode_array(step.frame, FRAME, leaf.dtype.name, (num_envs, *leaf.shape))}
     if step.HasField(FRAME):
         raise WireError("extra observation leaf frame: this env's observation has leaves, sent in Step.obs")
     sent = {array.name: array for array in step.obs}
@@ -241,9 +249,7 @@ def _decode_obs(step, num_envs: int, spec, float_limit: float) -> dict:
             f"(this env's: {list(spec.leaf_keys)})"
         )
     return {
-        leaf.key: check_leaf(
-            leaf, decode_array(sent[leaf.key], leaf.key, leaf.dtype.name, (num_envs, *leaf.shape)), float_limit
-        )
+        leaf.key: decode_array(sent[leaf.key], leaf.key, leaf.dtype.name, (num_envs, *leaf.shape))
         for leaf in spec.leaves
     }
 

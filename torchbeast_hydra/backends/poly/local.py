@@ -1,0 +1,150 @@
+"""Env clients on the learner's machine over shared memory (backend.local_transport=shared_memory).
+
+role=all's clients need none of gRPC's framing: a client writes its envs' outputs into shared
+tensors and wakes the ActorPool's thread for it with a semaphore; that thread answers with
+actions in another shared tensor and wakes the client with a second semaphore. What the server
+does with a step is the gRPC stream's: the same checks (wire.check_step), the same Session
+(central inference in the shared dynamic batch, unroll assembly, partial rollouts when a client
+leaves), the same seeds (ActorPool.new_client), the same refusals. Each client process gets a
+channel of its own, so a replacement never reads what a dead predecessor left half-written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+import torch
+
+from torchbeast_hydra.backends.poly import wire
+from torchbeast_hydra.backends.poly.batcher import BatcherClosed
+from torchbeast_hydra.backends.poly.client import FINISHED, REFUSED, UNREACHABLE
+from torchbeast_hydra.backends.poly.server import ActorPool, InferenceFailed, Refused
+from torchbeast_hydra.env.layout import env_outputs
+from torchbeast_hydra.env.spaces import EnvSpec
+
+log = logging.getLogger(__name__)
+
+RUNNING = -1  # the verdict a client reads with its actions; anything else is the exit code to leave with
+POLL_S = 0.25  # how often a side waiting on the other looks whether it is still there
+
+
+class Channel:
+    """One client process's step, in shared memory: its envs' outputs (the env keys' arrays,
+    [num_envs, ...]), the actions answering them, and the server's verdict (RUNNING, or the exit
+    code the client is to leave with)."""
+
+    def __init__(self, spec: EnvSpec, num_envs: int, ctx):
+        self.num_envs = num_envs
+        initial = env_outputs(spec, num_envs)
+        self.outputs = {key: torch.from_numpy(array).share_memory_() for key, array in initial.items()}
+        dtype = torch.from_numpy(np.zeros(0, spec.actions.dtype)).dtype
+        self.actions = torch.zeros((num_envs, *spec.actions.step_shape), dtype=dtype).share_memory_()
+        self.verdict = torch.full((1,), RUNNING, dtype=torch.int64).share_memory_()
+        self.stepped = ctx.Semaphore(0)  # the client wrote its envs' outputs
+        self.answered = ctx.Semaphore(0)  # the server wrote their actions, or a verdict
+
+
+# -- the client's side: a process of its own ---------------------------------------------------
+
+
+def client_main(channel: Channel, num_envs: int, seed: int, make_envs, parent_pid: int) -> None:
+    """A local client process: steps its envs with the actions the server writes, until the
+    server's verdict ends it (exit code FINISHED or REFUSED) or the learner process is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # SLURM signals the whole job; the parent handles it
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][client][%(levelname)s] - %(message)s")
+    envs = make_envs(num_envs, seed)
+    views = {key: tensor.numpy() for key, tensor in channel.outputs.items()}
+    actions = channel.actions.numpy()
+    try:
+        outputs = envs.initial()
+        while True:
+            for key, view in views.items():
+                view[...] = outputs[key]
+            channel.stepped.release()
+            while not channel.answered.acquire(timeout=POLL_S):
+                if os.getppid() != parent_pid:
+                    sys.exit(UNREACHABLE)  # the learner is gone, without a word
+            verdict = int(channel.verdict[0])
+            if verdict != RUNNING:
+                sys.exit(verdict)
+            outputs = envs.step(actions.copy())  # the next answer overwrites them
+    finally:
+        envs.close()
+
+
+# -- the server's side: a thread in the learner process per client -----------------------------
+
+
+def start_client(pool: ActorPool, ctx, spec: EnvSpec, num_envs: int, make_envs, index: int):
+    """Starts client process `index` with a channel of its own, and the pool's thread serving it;
+    returns the process (ActorProcesses supervises and replaces it)."""
+    channel = Channel(spec, num_envs, ctx)
+    client_id, seed = pool.new_client()
+    process = ctx.Process(
+        target=client_main,
+        kwargs=dict(channel=channel, num_envs=num_envs, seed=seed, make_envs=make_envs, parent_pid=os.getpid()),
+        name=f"env-client-{index}",
+        daemon=True,
+    )
+    process.start()
+    threading.Thread(
+        target=serve, args=(pool, channel, process, client_id), name=f"actorpool-local-{client_id}", daemon=True
+    ).start()
+    return process
+
+
+def serve(pool: ActorPool, channel: Channel, process, client_id: int) -> None:
+    """Answers the client's steps until the pool stops, the client dies or is refused. A client
+    silent for longer than client_idle_timeout_s (a hung env) is killed, to be replaced."""
+    session, verdict = None, FINISHED
+    idle_timeout_s = pool.settings.client_idle_timeout_s
+    waiting_since = time.monotonic()
+    try:
+        while not pool.stopping.is_set():
+            if not channel.stepped.acquire(timeout=POLL_S):
+                if not process.is_alive():
+                    return  # its supervisor reports and replaces it
+                if time.monotonic() - waiting_since > idle_timeout_s:
+                    log.warning(
+                        "Dropped local client %d (pid %s): no step for %g s (backend.client_idle_timeout_s).",
+                        client_id,
+                        process.pid,
+                        idle_timeout_s,
+                    )
+                    process.kill()
+                    return
+                continue
+            if session is None:
+                session = pool.open_session(channel.num_envs)
+                log.info("Client %d connected over shared memory with %d envs.", client_id, channel.num_envs)
+            started = time.thread_time()  # as the gRPC stream counts: our CPU time, not inference's wait
+            try:
+                actions = session.step(_received(pool, channel))
+            except (BatcherClosed, InferenceFailed):
+                break
+            channel.actions.numpy()[...] = actions
+            pool.count_step(time.thread_time() - started, channel.num_envs)
+            waiting_since = time.monotonic()
+            channel.answered.release()
+    except (wire.WireError, Refused) as refused:
+        pool.refuse(session, f"{client_id} (local, pid {process.pid})", getattr(refused, "details", str(refused)))
+        verdict = REFUSED
+    finally:
+        channel.verdict[0] = verdict
+        channel.answered.release()
+        if session is not None:
+            pool.close_session(session, client_id)
+
+
+def _received(pool: ActorPool, channel: Channel) -> dict:
+    """The client's step, copied out of the channel (the unrolls and inference's batch may keep
+    what they are given, and the next step overwrites the channel) and checked as the wire checks."""
+    arrays = {key: tensor.numpy().copy() for key, tensor in channel.outputs.items()}
+    return wire.check_step(arrays, pool.spec, pool.settings.float_limit)
