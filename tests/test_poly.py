@@ -13,7 +13,7 @@ from torchbeast_hydra.backends.poly import wire
 from torchbeast_hydra.env.spaces import EnvSpec
 from torchbeast_hydra.run import checkpoint
 
-from helpers import TINY, actor_pids, cli_env, rows, run_cli, start_cli, start_env_process, steps, wait_for
+from helpers import REPO, TINY, actor_pids, cli_env, rows, run_cli, start_cli, start_env_process, steps, wait_for
 
 POLY_TINY = [*TINY, "backend=poly"]
 TOKEN = "test-token-123"
@@ -198,3 +198,23 @@ def test_local_clients_of_a_stopped_learner_say_it_was_stopped_not_finished(tmp_
         learner.kill()
     assert "the learner was stopped; its run resumes when started again" in output
     assert "(training finished)" not in output
+
+
+@pytest.mark.parametrize("transport", ["shared_memory", "grpc"])
+def test_a_local_client_whose_env_overflows_the_model_is_refused_and_the_run_stops_naming_it(tmp_path, transport):
+    """tests/overflow_envs.py: a float64 1e300 at every episode's 5th step. A remote client would be
+    dropped and training go on (test_poly_server.py); the learner's own clients all step that env."""
+    overflowing = [
+        *POLY_TINY,
+        "backend.num_actors=1",
+        "env.id=Overflowing-v0",
+        "env.imports=[overflow_envs]",
+        "model.normalize_obs=true",
+        f"backend.local_transport={transport}",
+    ]
+    with_test_envs = cli_env(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
+    result = run_cli(tmp_path / "run", *overflowing, env=with_test_envs, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "frame has values beyond +-3.403e+38, the largest the model computes with, for envs [0" in output
+    assert "the learner refused env client 0; see its log above." in output
