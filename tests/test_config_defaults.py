@@ -14,11 +14,12 @@ from torchbeast_hydra.__main__ import CONFIG_DIR
 from helpers import TINY, compose_config, run_cli
 
 CONF = Path(CONFIG_DIR)
-# Hydra's own groups extend Hydra's schemas; presets are checked against the composed config below.
+# Hydra's own groups extend Hydra's schemas; presets and ablations (global overrides of a preset)
+# are checked against the composed config below.
 OPTION_FILES = sorted(
     p.relative_to(CONF).as_posix()
     for p in CONF.rglob("*.yaml")
-    if p.relative_to(CONF).parts[0] not in ("hydra", "experiment")
+    if p.relative_to(CONF).parts[0] not in ("hydra", "experiment", "ablation")
 )
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
@@ -130,3 +131,21 @@ def test_cartpole_trains_with_env_cartpole_alone(tmp_path):
     config = OmegaConf.load(tmp_path / "run" / ".hydra" / "config.yaml")
     assert config.env.id == "CartPole-v1" and config.model._target_.endswith("MLPBody")
     assert (tmp_path / "run" / "logs.csv").exists()
+
+
+ABLATIONS = sorted(path.stem for path in (CONF / "ablation").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("name", ABLATIONS)
+def test_each_ablation_changes_only_its_own_lever_of_the_control_preset(name):
+    preset = plain(compose_config(["experiment=control"]))
+    ablated = plain(compose_config(["experiment=control", f"ablation={name}"]))
+    changed = {key for key, value in leaves(ablated) if lookup(preset, key) != value}
+    content = OmegaConf.to_container(OmegaConf.load(CONF / "ablation" / f"{name}.yaml")) or {}
+    assert changed == {key for key, _ in leaves(content)}
+    assert (changed == set()) == (name == "none")  # every other ablation turns something off
+
+
+def test_the_levers_suite_runs_every_ablation():
+    suite = OmegaConf.load(CONF / "experiment" / "suite_mujoco_levers.yaml")
+    assert sorted(str(suite.hydra.sweeper.params["ablation"]).split(",")) == ABLATIONS
