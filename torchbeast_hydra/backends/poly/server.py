@@ -11,7 +11,8 @@ them only once answered with finite outputs). A client silent for longer than
 client_idle_timeout_s (while the server waits for it) is dropped, so silent streams cannot hold
 every slot; past max_clients streams, new ones are refused with a message naming the setting.
 Unrolls a client that leaves (or is dropped for silence) had started are handed on as partial
-rollouts.
+rollouts. Clients on the learner's own machine reach the same sessions over shared memory instead
+of a stream (local.py).
 """
 
 from __future__ import annotations
