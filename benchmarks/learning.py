@@ -57,11 +57,7 @@ TASKS = {
         seeds=(1, 2, 3),
     ),
     "minigrid": Task(("env=minigrid", "total_steps=1000000", "eval.interval_steps=50000"), target=0.9),
-    "doorkey8": Task(
-        ("env=minigrid", "env.id=MiniGrid-DoorKey-8x8-v0", "total_steps=5000000", "eval.interval_steps=100000"),
-        target=0.9,
-        seeds=(1, 2, 3),
-    ),
+    "doorkey8": Task(("experiment=minigrid",), target=0.9, seeds=(1, 2, 3)),  # DoorKey-8x8, APPO, 2M steps
     "minihack": Task(("env=minihack", "total_steps=2000000", "eval.interval_steps=100000"), target=0.8),
     "nethack": Task(("env=nethack", "total_steps=5000000"), target=971.0),
 }
