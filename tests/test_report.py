@@ -117,6 +117,18 @@ def test_runs_without_evaluations_use_the_training_return_or_are_left_out(sweep,
     assert pd.read_csv(evals["tasks_csv"]).set_index("task").loc["HalfCheetah-v5", "seeds"] == 1
 
 
+def test_a_run_short_of_its_total_steps_is_marked_unfinished(tmp_path):
+    for seed in (1, 2):
+        write_job(tmp_path / str(seed), "pong", "ALE/Pong-v5", seed, [0.0, 5.0, 9.0], config=dict(total_steps=3000))
+    logs = tmp_path / "2" / "logs.csv"
+    logs.write_text("".join(logs.read_text().splitlines(keepends=True)[:-1]))  # seed 2 stopped at step 2,000
+    written = report.write_report([tmp_path], tmp_path / "out", report.Options(reps=200))
+    text = written["report"].read_text()
+    assert "Unfinished, their last score standing in for the final one: 2 at 2,000 of 3,000." in text
+    assert "| all runs | 2 (1 unfinished) | 9.00 " in text
+    assert pd.read_csv(written["tasks_csv"]).loc[0, "unfinished"] == 1
+
+
 def test_normalisation_reads_the_data_file(sweep, tmp_path):
     data = yaml.safe_load(report.BASELINES.read_text())
     # Another random score and reference for Pong: finals 14.6 and -3.05 normalise to 1.0 and 3.05 / 20.7...

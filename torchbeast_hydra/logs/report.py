@@ -183,11 +183,15 @@ def summarise(run: Run, metric: str, target: Optional[float]) -> dict:
     wall = float(run.train["time_s"].max()) if "time_s" in run.train and run.train["time_s"].notna().any() else np.nan
     last_step = float(run.train["step"].max())
     reached = np.nonzero(values >= target)[0] if target is not None and len(values) else []
+    total_steps = run.config.get("total_steps")
     return dict(
         run=run.name,
         task=run.task,
         setting=run.setting,
         seed=run.seed,
+        # Short of its total_steps (still running, or stopped): its last score stands in for the final one.
+        unfinished=isinstance(total_steps, int) and last_step < total_steps,
+        total_steps=total_steps,
         final=float(values[-1]) if len(values) else np.nan,
         best=float(values.max()) if len(values) else np.nan,
         steps_to_target=float(steps[reached[0]]) if len(reached) else np.nan,
@@ -206,7 +210,7 @@ def task_table(per_run: pd.DataFrame, reps: int, seed: int, confidence: float = 
     training time and steps/s (means over seeds)."""
     rows = []
     for (task, setting), part in per_run.groupby(["task", "setting"], sort=False):
-        row = dict(task=task, setting=setting, seeds=len(part))
+        row = dict(task=task, setting=setting, seeds=len(part), unfinished=int(part["unfinished"].sum()))
         for column in ("final", "best"):
             values = part[column].dropna().to_numpy()
             interval = _mean_interval(values, reps, seed, confidence)
@@ -398,8 +402,10 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
     table.to_csv(written["tasks_csv"], index=False)
     written["aggregates_csv"] = out_dir / "aggregates.csv"
     aggregates.to_csv(written["aggregates_csv"], index=False)
+    short = per_run[per_run["unfinished"]].itertuples(index=False)
+    unfinished = [f"{r.run} at {_steps(r.steps)} of {_steps(r.total_steps)}" for r in short]
     markdown = render_markdown(
-        paths, loaded, metric, missing, table, aggregates, used, left_out, baselines, options, written
+        paths, loaded, metric, missing, table, aggregates, used, left_out, baselines, options, written, unfinished
     )
     written["report"] = out_dir / "report.md"
     written["report"].write_text(markdown)
@@ -420,8 +426,9 @@ def _file_name(task: str) -> str:
 
 
 def render_markdown(
-    paths, loaded, metric, missing, table, aggregates, used, left_out, baselines, options, written
+    paths, loaded, metric, missing, table, aggregates, used, left_out, baselines, options, written, unfinished=()
 ) -> str:
+    """unfinished: `RUN at STEPS of TOTAL` for each run short of its total_steps."""
     what = (
         "evaluation return (eval.csv's mean_return; the last evaluation is the final score)"
         if metric == "eval"
@@ -438,6 +445,8 @@ def render_markdown(
     ]
     if missing:
         lines.append(f"Left out, no eval.csv: {', '.join(missing)}.")
+    if unfinished:
+        lines.append(f"Unfinished, their last score standing in for the final one: {', '.join(unfinished)}.")
     with_evals = sum(r.evals is not None for r in loaded)
     if metric == "train" and with_evals:
         lines.append(
@@ -469,8 +478,9 @@ def _task_markdown(rows: pd.DataFrame, target: Optional[float]) -> list:
             reach = f"{_steps(row.steps_to_target)} ({row.reached}/{row.seeds} seeds)"
         else:
             reach = f"not reached (0/{row.seeds} seeds)"
+        seeds = f"{row.seeds} ({row.unfinished} unfinished)" if row.unfinished else f"{row.seeds}"
         lines.append(
-            f"| {row.setting} | {row.seeds} | {_with_interval(row.final, row.final_low, row.final_high)} | "
+            f"| {row.setting} | {seeds} | {_with_interval(row.final, row.final_low, row.final_high)} | "
             f"{_with_interval(row.best, row.best_low, row.best_high)} | {reach} | {_duration(row.wall_s)} | "
             f"{_number(row.sps)} |"
         )
