@@ -120,6 +120,14 @@ def test_a_config_group_that_differs_stands_for_its_keys():
     assert analysis.differing_keys([pong, dict(pong, seed=2)]) == ["seed"]
 
 
+def test_a_key_the_code_gained_between_runs_makes_no_setting_unless_typed():
+    older = {"env": "pong", "seed": 1, "batch_size": 8}
+    newer = dict(older, seed=2, ablation="none")  # the same command, run after the key was added
+    assert analysis.differing_keys([older, newer]) == ["seed"]
+    assert analysis.differing_keys([older, newer, dict(newer, ablation="relu")]) == ["seed", "ablation"]
+    assert analysis.differing_keys([older, newer], typed={"ablation"}) == ["seed", "ablation"]  # +ablation=none
+
+
 def test_group_choices_are_read_from_the_runs_hydra_config(tmp_path):
     for name, env in (("pong", "ALE/Pong-v5"), ("breakout", "ALE/Breakout-v5")):
         write_run(tmp_path / name, [], 1, [(10, [1.0], 0.0)], config=dict(env=dict(id=env)), choices=dict(env=name))

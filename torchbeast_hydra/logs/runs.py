@@ -207,16 +207,23 @@ def ignored(key: str) -> bool:
 
 
 def differing_keys(configs: list, typed: Iterable[str] = ()) -> list:
-    """Keys whose values differ between the runs' flattened configs (a missing key is a value too).
+    """Keys whose values differ between the runs' flattened configs.
 
-    A config group whose choice differs (`env`) stands for the keys under it (`env.id`, ...), unless
-    one of those was typed on a command line (typed: the override keys).
+    A key some runs lack is a difference only where a command line typed it (typed: the override
+    keys): one that no run typed and all that have it share is a key the code gained between the
+    runs (an older run predates it), not a setting. A config group whose choice differs (`env`)
+    stands for the keys under it (`env.id`, ...), unless one of those was typed.
     """
-    keys = list(dict.fromkeys(k for config in configs for k in config))
-    differ = [k for k in keys if len({_text(config.get(k)) for config in configs}) > 1]
-    groups = [k for k in differ if any(other.startswith(f"{k}.") for other in keys)]
     typed = set(typed)
+    keys = list(dict.fromkeys(k for config in configs for k in config))
+    differ = [k for k in keys if _differs(k, configs, typed)]
+    groups = [k for k in differ if any(other.startswith(f"{k}.") for other in keys)]
     return [k for k in differ if k in typed or not any(k.startswith(f"{g}.") for g in groups)]
+
+
+def _differs(key: str, configs: list, typed: set) -> bool:
+    values = {_text(config[key]) for config in configs if key in config}
+    return len(values) > 1 or (key in typed and any(key not in config for config in configs))
 
 
 def _text(value) -> str:
