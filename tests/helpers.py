@@ -21,7 +21,9 @@ import time
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
+import torch
 import yaml
 from hydra import compose, initialize_config_dir
 from matplotlib.image import imread
@@ -30,7 +32,8 @@ from omegaconf import OmegaConf
 from torchbeast_hydra.__main__ import CONFIG_DIR
 from torchbeast_hydra.backends.poly import wire
 from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
-from torchbeast_hydra.backends.poly.server import ActorPool, make_server
+from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings, make_server
+from torchbeast_hydra.env.spaces import EnvSpec
 from torchbeast_hydra.logs.metrics import CSV_FIELDS, read_rows
 
 REPO = Path(__file__).resolve().parent.parent
@@ -334,6 +337,38 @@ def serve_pool(spec, settings, policy, emit=None, on_error=None):
         pool.stop(finished=True)
         inference.close()
         server.stop(grace=None).wait()
+
+
+POOL_SPEC = EnvSpec.box((3,), np.dtype(np.float32), 2)  # the in-process pool tests' env: 3 floats, 2 actions
+
+
+def zero_policy(inputs: dict) -> dict:
+    """Central inference for POOL_SPEC: action 0, zero logits and values, for every env."""
+    n = inputs["done"].shape[0]
+    return dict(
+        action=torch.zeros(n, dtype=torch.int64),
+        policy_logits=torch.zeros(n, POOL_SPEC.actions.num_params),
+        baseline=torch.zeros(n),
+    )
+
+
+def serve_small_pool(spec=POOL_SPEC, infer=zero_policy, on_error=None):
+    """Yields (pool, port, emitted rollouts) for a pool of unrolls of 5 steps, chunks of 2 envs,
+    at most 2 clients of 4 envs, and a 0.5 s idle limit."""
+    emitted = []
+    settings = ServerSettings(
+        env_id="Test-v0",
+        unroll_length=5,
+        chunk_size=2,
+        cut_at_reset=True,
+        seed=1,
+        max_envs_per_client=4,
+        max_clients=2,
+        client_idle_timeout_s=0.5,
+    )
+    emit = lambda rollout, state: emitted.append(rollout)  # noqa: E731
+    with serve_pool(spec, settings, infer, emit=emit, on_error=on_error) as served:
+        yield (*served, emitted)
 
 
 class RawClient:

@@ -15,9 +15,10 @@ from torchbeast_hydra.backends.poly.client import FINISHED, REFUSED
 from torchbeast_hydra.env import layout
 from torchbeast_hydra.run.seeding import actor_seed
 
-from test_poly_server import SPEC, serve
+from helpers import POOL_SPEC, serve_small_pool
 
 CTX = multiprocessing.get_context("spawn")
+SPEC = POOL_SPEC
 
 
 class StandIn:
@@ -64,7 +65,7 @@ class Client:
 
 @pytest.fixture
 def served():
-    yield from serve(SPEC)
+    yield from serve_small_pool(SPEC)
 
 
 def wait_until(condition, timeout=10.0):

@@ -17,46 +17,20 @@ import torch
 from torchbeast_hydra.agent.models import ActorCritic, MLPBody
 from torchbeast_hydra.backends.poly import wire
 from torchbeast_hydra.backends.poly.backend import BrokenModel, CentralInference
-from torchbeast_hydra.backends.poly.server import MAX_DETAILS, ServerSettings
+from torchbeast_hydra.backends.poly.server import MAX_DETAILS
 from torchbeast_hydra.env import layout
 from torchbeast_hydra.env.actions import action_spec
 from torchbeast_hydra.env.spaces import EnvSpec, observation_leaves
 
-from helpers import POOL_TOKEN, RawClient, serve_pool
+from helpers import POOL_SPEC, POOL_TOKEN, RawClient, serve_small_pool
 
-SPEC = EnvSpec.box((3,), np.dtype(np.float32), 2)
-
-
-def trivial_policy(inputs: dict) -> dict:
-    n = inputs["done"].shape[0]
-    return dict(
-        action=torch.zeros(n, dtype=torch.int64),
-        policy_logits=torch.zeros(n, SPEC.actions.num_params),
-        baseline=torch.zeros(n),
-    )
+SPEC = POOL_SPEC
 
 
 @pytest.fixture
 def served():
     """(pool, port, emitted rollouts) for a pool with max_clients=2 and a 0.5 s idle limit."""
-    yield from serve(SPEC)
-
-
-def serve(spec: EnvSpec, infer=trivial_policy, on_error=None):
-    emitted = []
-    settings = ServerSettings(
-        env_id="Test-v0",
-        unroll_length=5,
-        chunk_size=2,
-        cut_at_reset=True,
-        seed=1,
-        max_envs_per_client=4,
-        max_clients=2,
-        client_idle_timeout_s=0.5,
-    )
-    emit = lambda rollout, state: emitted.append(rollout)  # noqa: E731
-    with serve_pool(spec, settings, infer, emit=emit, on_error=on_error) as served:
-        yield (*served, emitted)
+    yield from serve_small_pool(SPEC)
 
 
 def hello(num_envs=2, spec=SPEC):
@@ -155,7 +129,7 @@ STRUCTURED = EnvSpec(observation_leaves(STRUCTURED_SPACE), 2)
 
 @pytest.fixture
 def served_structured():
-    yield from serve(STRUCTURED)
+    yield from serve_small_pool(STRUCTURED)
 
 
 def structured_outputs(num_envs=2) -> dict:
@@ -288,7 +262,7 @@ def serve_model(policy: ActorCritic):
     """(pool, port, emitted rollouts, errors that stop the run) for a pool whose central inference runs policy."""
     fatal = []
     central = CentralInference(policy, threading.Lock(), publisher=None, device=torch.device("cpu"))
-    for pool, port, emitted in serve(PENDULUM, central, fatal.append):
+    for pool, port, emitted in serve_small_pool(PENDULUM, central, fatal.append):
         yield pool, port, emitted, fatal
 
 

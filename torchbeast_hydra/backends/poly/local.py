@@ -105,6 +105,8 @@ def serve(pool: ActorPool, channel: Channel, process, client_id: int) -> None:
     silent for longer than client_idle_timeout_s (a hung env) is killed, to be replaced."""
     session, verdict = None, FINISHED
     idle_timeout_s = pool.settings.client_idle_timeout_s
+    outputs = {key: tensor.numpy() for key, tensor in channel.outputs.items()}
+    actions = channel.actions.numpy()
     waiting_since = time.monotonic()
     try:
         while not pool.stopping.is_set():
@@ -126,15 +128,14 @@ def serve(pool: ActorPool, channel: Channel, process, client_id: int) -> None:
                 log.info("Client %d connected over shared memory with %d envs.", client_id, channel.num_envs)
             started = time.thread_time()  # as the gRPC stream counts: our CPU time, not inference's wait
             try:
-                actions = session.step(_received(pool, channel))
+                actions[...] = session.step(_received(pool, outputs))
             except (BatcherClosed, InferenceFailed):
                 break
-            channel.actions.numpy()[...] = actions
             pool.count_step(time.thread_time() - started, channel.num_envs)
             waiting_since = time.monotonic()
             channel.answered.release()
     except (wire.WireError, Refused) as refused:
-        pool.refuse(session, f"{client_id} (local, pid {process.pid})", getattr(refused, "details", str(refused)))
+        pool.refuse(session, f"{client_id} (local, pid {process.pid})", str(refused))
         verdict = REFUSED
     finally:
         channel.verdict[0] = verdict
@@ -143,8 +144,9 @@ def serve(pool: ActorPool, channel: Channel, process, client_id: int) -> None:
             pool.close_session(session, client_id)
 
 
-def _received(pool: ActorPool, channel: Channel) -> dict:
-    """The client's step, copied out of the channel (the unrolls and inference's batch may keep
-    what they are given, and the next step overwrites the channel) and checked as the wire checks."""
-    arrays = {key: tensor.numpy().copy() for key, tensor in channel.outputs.items()}
+def _received(pool: ActorPool, outputs: dict) -> dict:
+    """The client's step (outputs: views of the channel), checked as the wire checks. Copied once,
+    as a gRPC step's bytes are its own: the client's next step overwrites the channel, and central
+    inference keeps the last batch it answered in full to tell a broken model from a bad client."""
+    arrays = {key: view.copy() for key, view in outputs.items()}
     return wire.check_step(arrays, pool.spec, pool.settings.float_limit)
