@@ -91,7 +91,7 @@ def shared_memory_clients(cfg, pool: ActorPool) -> ActorProcesses:
     _, make_envs = client_envs(cfg)
     num_envs = cfg.backend.envs_per_actor
     return client_processes(
-        lambda index, number: local.start_client(pool, ctx, pool.spec, num_envs, make_envs, index), cfg.backend
+        lambda index, number: local.start_client(pool, ctx, num_envs, make_envs, index), cfg.backend
     )
 
 

@@ -82,10 +82,10 @@ def client_main(channel: Channel, num_envs: int, seed: int, make_envs, parent_pi
 # -- the server's side: a thread in the learner process per client -----------------------------
 
 
-def start_client(pool: ActorPool, ctx, spec: EnvSpec, num_envs: int, make_envs, index: int):
+def start_client(pool: ActorPool, ctx, num_envs: int, make_envs, index: int):
     """Starts client process `index` with a channel of its own, and the pool's thread serving it;
     returns the process (ActorProcesses supervises and replaces it)."""
-    channel = Channel(spec, num_envs, ctx)
+    channel = Channel(pool.spec, num_envs, ctx)
     client_id, seed = pool.new_client()
     process = ctx.Process(
         target=client_main,
