@@ -11,6 +11,7 @@ import pytest
 from torchbeast_hydra.__main__ import final_return
 from torchbeast_hydra.agent.models import make_model
 from torchbeast_hydra.logs.metrics import RecentReturns, read_rows
+from torchbeast_hydra.run.evaluate import figures
 from torchbeast_hydra.run.periodic_eval import Evaluations
 from torchbeast_hydra.run.seeding import EVAL_SEED_BASE, actor_seed, eval_seed
 
@@ -146,3 +147,46 @@ def test_evaluations_are_written_while_training_goes_on(tmp_path, backend):
     trained = read_rows(run_dir)
     assert [row["step"] for row in evals if row["final"]] == [trained[-1]["step"]]  # at the run's last step
     assert any(row["step"] > periodic[0]["step"] for row in trained)
+
+
+def test_a_target_met_before_the_checkpoint_is_read_back_on_resume(tmp_path):
+    cfg, evals = evaluations(tmp_path, "eval.interval_steps=1000", "eval.stop_at_return=8")
+    for step, score in ((1000, 3.0), (2000, 9.0), (3000, 12.0)):
+        evals._write(step, figures([score, score], [10, 10], 1.0), final=False)
+    assert evals.target_reached == (2000, 9.0)  # the first that met it
+    before = Evaluations(cfg, tmp_path, [], resume_step=1500)  # the checkpoint predates it: not met
+    assert before.target_reached is None
+    assert Evaluations(cfg, tmp_path, [], resume_step=2500).target_reached == (2000, 9.0)
+    _, without = evaluations(tmp_path, "eval.interval_steps=1000")  # no target: never met
+    assert without.target_reached is None
+
+
+def test_a_target_without_evaluation_is_refused(tmp_path):
+    result = run_cli(tmp_path / "run", *TINY, "eval.interval_steps=0", "eval.stop_at_return=100", check=False)
+    assert result.returncode == 2
+    output = result.stdout + result.stderr
+    assert "eval.stop_at_return=100" in output and "eval.interval_steps" in output
+
+
+@pytest.mark.parametrize("backend", ["mono", "poly"])
+def test_a_run_that_meets_its_target_is_complete_and_stays_so(tmp_path, backend):
+    run_dir = tmp_path / "run"
+    # Any CartPole episode returns at least 8: the first evaluation meets the target.
+    overrides = [
+        *TINY,
+        f"backend={backend}",
+        "total_steps=10000000",
+        "eval.interval_steps=2000",
+        "eval.stop_at_return=5",
+    ]
+    first = run_cli(run_dir, *overrides, timeout=300)
+    output = first.stdout + first.stderr
+    assert "met eval.stop_at_return" in output and "Finished:" in output
+    trained = read_rows(run_dir)
+    last_step = trained[-1]["step"]
+    assert last_step < 1_000_000  # stopped far short of total_steps
+    evals = read_rows(run_dir / "eval.csv")
+    assert evals[0]["mean_return"] >= 5 and [row["step"] for row in evals if row["final"]] == [last_step]
+    again = run_cli(run_dir, *overrides, timeout=300)  # a resume (a requeue, a sweep run again): nothing more
+    assert "Finished:" in again.stdout + again.stderr
+    assert read_rows(run_dir)[-1]["step"] == last_step and read_rows(run_dir / "eval.csv") == evals

@@ -129,6 +129,20 @@ def test_a_run_short_of_its_total_steps_is_marked_unfinished(tmp_path):
     assert pd.read_csv(written["tasks_csv"]).loc[0, "unfinished"] == 1
 
 
+def test_a_run_stopped_by_its_evaluation_target_is_finished_and_of_the_same_setting(tmp_path):
+    for seed, stop_at in ((1, None), (2, 8.0), (3, 10.0)):
+        config = dict(total_steps=3000, eval=dict(stop_at_return=stop_at))
+        extra = [] if stop_at is None else [f"eval.stop_at_return={stop_at}"]
+        write_job(tmp_path / str(seed), "pong", "ALE/Pong-v5", seed, [0.0, 5.0, 9.0], extra, config)
+        logs = tmp_path / str(seed) / "logs.csv"
+        logs.write_text("".join(logs.read_text().splitlines(keepends=True)[:-1]))  # each stopped at step 2,000
+    written = report.write_report([tmp_path], tmp_path / "out", report.Options(reps=200))
+    text = written["report"].read_text()
+    # Seed 2 met its target (9 >= 8): complete. Seeds 1 (no target) and 3 (10 never met) stopped short.
+    assert "Unfinished, their last score standing in for the final one: 1 at 2,000 of 3,000, 3 at 2,000" in text
+    assert "| all runs | 3 (2 unfinished) |" in text  # when to stop makes no setting of its own
+
+
 def test_normalisation_reads_the_data_file(sweep, tmp_path):
     data = yaml.safe_load(report.BASELINES.read_text())
     # Another random score and reference for Pong: finals 14.6 and -3.05 normalise to 1.0 and 3.05 / 20.7...

@@ -172,7 +172,7 @@ def run(cfg: DictConfig) -> float:
             backend.train(cfg, training_run)
         finally:
             training_run.close()
-    if training_run.stats.step < cfg.total_steps:  # stopped early: under submitit, requeue (see launch.py)
+    if not training_run.complete:  # stopped early: under submitit, requeue (see launch.py)
         hand_over(training_run.stopped_by)
     return final_return(training_run)
 

@@ -177,6 +177,13 @@ def curve(run: Run, metric: str) -> tuple:
     return rows["step"].to_numpy(float), rows[runs.RETURN].to_numpy(float)
 
 
+def met_stop_target(run: Run) -> bool:
+    """Whether the run ended complete on an evaluation that met its eval.stop_at_return."""
+    stop_at = run.config.get("eval.stop_at_return")
+    own = runs.load_eval(run.dir) if stop_at is not None else None  # not mode=test's evaluations
+    return own is not None and bool((own["mean_return"] >= stop_at).any())
+
+
 def summarise(run: Run, metric: str, target: Optional[float]) -> dict:
     """Final and best score, the first step at or above target, training time and steps/s."""
     steps, values = curve(run, metric)
@@ -190,7 +197,7 @@ def summarise(run: Run, metric: str, target: Optional[float]) -> dict:
         setting=run.setting,
         seed=run.seed,
         # Short of its total_steps (still running, or stopped): its last score stands in for the final one.
-        unfinished=isinstance(total_steps, int) and last_step < total_steps,
+        unfinished=isinstance(total_steps, int) and last_step < total_steps and not met_stop_target(run),
         total_steps=total_steps,
         final=float(values[-1]) if len(values) else np.nan,
         best=float(values.max()) if len(values) else np.nan,

@@ -196,6 +196,7 @@ IGNORED_KEYS = (
     "load_dir",
     "mode",
     "test.record_video",
+    "eval.stop_at_return",  # when a run stops, not what it learns
     "backend.token",
     "backend.address",
 )

@@ -9,6 +9,9 @@ evaluation is played in the learner process (when evaluation is on).
 
 Rows go to RUN_DIR/eval.csv (mode=test's columns, plus `final`) and, as eval/*, to wandb and
 TensorBoard. A failing evaluation logs one warning and turns evaluation off; training goes on.
+
+With `eval.stop_at_return`, the first evaluation whose mean return reaches it completes the run
+(`target_reached`): read back from eval.csv on resume, so a resumed run that met it stays complete.
 """
 
 from __future__ import annotations
@@ -104,6 +107,11 @@ class Evaluations:
         self.last_periodic_step = cfg.total_steps - 1 if self.settings.final else cfg.total_steps
         self._process = None
         self._in_flight: int | None = None
+        # (step, mean return) of the first evaluation that met eval.stop_at_return, before the checkpoint.
+        self.target_reached: tuple[int, float] | None = None
+        for step, score, _ in self.scores():
+            if step <= resume_step and self._meets_target(score) and self.target_reached is None:
+                self.target_reached = (step, score)
 
     def maybe_start(self, step: int, snapshot) -> None:
         """Called between updates: reports finished evaluations, and sends snapshot() (the current
@@ -184,6 +192,8 @@ class Evaluations:
         csv.write(row)
         csv.close()
         self.resume_step = None  # rows past the checkpoint were dropped once, when the first row came
+        if self.target_reached is None and self._meets_target(row["mean_return"]):
+            self.target_reached = (step, row["mean_return"])
         for sink in self.sinks:
             sink.log_eval({key: row[key] for key in ("step", *EVAL_FIGURES)})
         log.info(
@@ -195,6 +205,10 @@ class Evaluations:
             row["episodes"],
         )
         return row
+
+    def _meets_target(self, score: float) -> bool:
+        target = self.settings.stop_at_return
+        return target is not None and score >= target
 
     def _has_final(self, step: int) -> bool:
         """A run resumed at its end has had its final evaluation already."""

@@ -47,6 +47,9 @@ class EvalConfig:
     # in the learner process. Off with evaluation off: a greedy NetHack policy plays 5,000-step games.
     final: bool = True
     objective: EvalObjective = EvalObjective.final
+    # Training ends, complete as at total_steps, once an evaluation's mean return reaches this (a
+    # target met: the rest of the budget is not spent). null: train to total_steps.
+    stop_at_return: Optional[float] = None
 
 
 class DistBackend(enum.Enum):
@@ -91,6 +94,11 @@ def check(cfg) -> None:
     )
     require(cfg.eval.interval_steps >= 0, "eval.interval_steps must be >= 0 (0: no evaluation during training).")
     require(cfg.eval.episodes >= 1, "eval.episodes must be at least 1.")
+    require(
+        cfg.eval.stop_at_return is None or cfg.eval.interval_steps > 0,
+        f"eval.stop_at_return={cfg.eval.stop_at_return} stops at an evaluation's return: set eval.interval_steps "
+        "(e.g. eval.interval_steps=100000) or leave it null.",
+    )
     require(cfg.distributed.nproc >= 1, f"distributed.nproc={cfg.distributed.nproc} must be at least 1.")
     require(cfg.distributed.timeout_s > 0, "distributed.timeout_s must be positive.")
     test = cfg.test

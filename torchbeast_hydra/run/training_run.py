@@ -125,6 +125,7 @@ class TrainingRun:
         self.evaluations = Evaluations(cfg, self.run_dir, eval_sinks, resume_step=start_step)
         self.stats.episodes = episodes
         self._last_save = time.monotonic()
+        self._stop_if_target_reached()  # a run resumed after it met eval.stop_at_return stays complete
 
     def describe(self) -> dict:
         """What this run is, for the start-up summary (the backend adds how it acts)."""
@@ -159,9 +160,15 @@ class TrainingRun:
     def outcome(self) -> str:
         """The last line of a run: finished, or stopped by a signal and how to resume."""
         stats = self.stats
-        if stats.step >= self.cfg.total_steps:
+        if self.complete:
+            reached = self.evaluations.target_reached
+            why = (
+                f"total_steps={self.cfg.total_steps:,}"
+                if reached is None
+                else f"evaluation at step {reached[0]:,}: {reached[1]:.2f} >= eval.stop_at_return"
+            )
             return (
-                f"Finished: {stats.step:,} agent steps (total_steps={self.cfg.total_steps:,}) in "
+                f"Finished: {stats.step:,} agent steps ({why}) in "
                 f"{duration(stats.elapsed_s)}. {stats.returns_text()} Checkpoint: {self.checkpoint_path}"
             )
         received = self.stopped_by.received if self.stopped_by is not None else None
@@ -180,6 +187,11 @@ class TrainingRun:
     def is_main(self) -> bool:
         """Whether this process writes the run dir: the only rank, or rank 0."""
         return self.ranks is None or self.ranks.is_main
+
+    @property
+    def complete(self) -> bool:
+        """Trained as configured: total_steps reached, or an evaluation met eval.stop_at_return."""
+        return self.stats.step >= self.cfg.total_steps or self.evaluations.target_reached is not None
 
     @property
     def done(self) -> bool:
@@ -275,10 +287,19 @@ class TrainingRun:
     def maybe_evaluate(self) -> None:
         """Starts an evaluation when one is due (none in flight), and logs those that finished."""
         self.evaluations.maybe_start(self.stats.step, self.weights)
+        self._stop_if_target_reached()
+
+    def _stop_if_target_reached(self) -> None:
+        """An evaluation met eval.stop_at_return: stop as a signal would (with several ranks, every
+        rank after the same update), but complete: no resume, no requeue."""
+        reached = self.evaluations.target_reached
+        if reached is not None and not self.stop_wanted.is_set():
+            log.info("Evaluation at step %d met eval.stop_at_return (%.2f): training is complete.", *reached)
+            self.stop_wanted.set()
 
     def final_evaluation(self) -> None:
-        """The end-of-run evaluation, once the run has reached total_steps."""
-        if self.stats.step >= self.cfg.total_steps:
+        """The end-of-run evaluation, once the run is complete."""
+        if self.complete:
             self.evaluations.final(self.stats.step, self.weights())
 
     def close(self) -> None:

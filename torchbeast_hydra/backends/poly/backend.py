@@ -235,7 +235,7 @@ class PolyBeast(Backend):
     def shut_down(self) -> None:
         """Ends the clients' streams at their next step, then stops serving. Remote clients exit
         only if training is complete; otherwise they wait to reconnect to a restarted learner."""
-        complete = self.run.stats.step >= self.cfg.total_steps
+        complete = self.run.complete
         reason = "training finished" if complete else "the learner was stopped; its run resumes when started again"
         self.pool.stop(finished=complete or self.clients is not None, reason=reason)
         deadline = time.monotonic() + 5.0
