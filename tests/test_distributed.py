@@ -51,6 +51,7 @@ def _each_rank(rank: int, port: int, results) -> None:
     different = _check_config(ranks, (1, 2)[rank])
     same = _check_config(ranks, 3)
     cfg = learner_cfg(total_steps=10_000)
+    cfg.model.normalize_values = True  # PopArt's statistics too must agree: they rescale the value head
     shared = make_learner(cfg)
     shared.average_gradients = ranks.average_gradients
     alone = make_learner(cfg)  # the same start, without averaging: the control
@@ -60,7 +61,7 @@ def _each_rank(rank: int, port: int, results) -> None:
         losses.append(shared.update(batch, shared.model.initial_state(cfg.batch_size))["total_loss"])
         alone.update(batch, alone.model.initial_state(cfg.batch_size))
     # As numpy arrays: a tensor put on a queue travels as a shared-memory handle, gone with this process.
-    weights = [p.detach().numpy().copy() for p in shared.model.parameters()]
+    weights = [p.detach().numpy().copy() for p in [*shared.model.parameters(), *shared.model.buffers()]]
     alone_weights = [p.detach().numpy().copy() for p in alone.model.parameters()]
     results.put((rank, dict(different=different, same=same, weights=weights, alone=alone_weights, losses=losses)))
     ranks.close()

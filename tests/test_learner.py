@@ -11,6 +11,7 @@ import torch
 from omegaconf import OmegaConf
 
 from torchbeast_hydra.agent import models
+from torchbeast_hydra.agent import settings as model_settings
 from torchbeast_hydra.agent.settings import MLPConfig
 from torchbeast_hydra.backends.mono.settings import MonoConfig
 from torchbeast_hydra.config import Config
@@ -708,3 +709,81 @@ def test_channels_last_learns_what_the_contiguous_layout_learns():
             assert step_fast[key] == pytest.approx(step_plain[key], rel=1e-4, abs=1e-5), key
     for a, b in zip(fast_convs, plain_convs):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# PopArt (model.normalize_values): value targets' statistics, outputs preserved, losses in their scale.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_value_norm_tracks_the_targets_and_preserves_the_heads_outputs():
+    torch.manual_seed(0)
+    norm, head = models.ValueNorm(beta=0.1), torch.nn.Linear(5, 1)
+    features = torch.randn(7, 5)
+    assert [m.item() for m in norm.moments()] == [0.0, 1.0]  # before any update: the head's own outputs
+    before = norm.denormalize(head(features))
+    norm.update(torch.tensor(50.0), torch.tensor(50.0**2 + 20.0**2), head)
+    mean, std = norm.moments()
+    assert (mean.item(), std.item()) == pytest.approx((50.0, 20.0))  # the first update, bias-corrected: its own
+    torch.testing.assert_close(norm.denormalize(head(features)), before)  # Preserving Outputs Precisely
+    norm.update(torch.tensor(150.0), torch.tensor(150.0**2), head)
+    weights = (0.9 * 0.1, 0.1)  # the EMA's weights of the two updates, before the correction 1 - 0.9**2
+    expected_mean = (weights[0] * 50 + weights[1] * 150) / 0.19
+    assert norm.moments()[0].item() == pytest.approx(expected_mean)
+    torch.testing.assert_close(norm.denormalize(head(features)), before)
+
+
+def popart_cfg(**kwargs):
+    cfg = learner_cfg(**kwargs)
+    cfg.model.normalize_values = True
+    cfg.vtrace.reward_clipping = "none"
+    return cfg
+
+
+def big_reward_batch(cfg, scale: float) -> dict:
+    batch = learner_batch(cfg)
+    batch["reward"] = batch["reward"].abs() * scale + scale
+    return batch
+
+
+def test_normalized_values_learn_from_the_targets_moments_in_their_scale():
+    cfg = popart_cfg()
+    learner = make_learner(cfg)
+    batch = big_reward_batch(cfg, 1000.0)
+    with torch.no_grad():  # what the update's forward pass sees: the model before its step
+        inputs = loss_inputs(cfg.vtrace, batch, copy.deepcopy(learner.model)(batch, ())[0])
+    vs, mask = inputs.targets.vs, inputs.mask
+    stats = learner.update(batch, ())
+    mean, std = learner.model.value_norm.moments()
+    assert mean.item() == pytest.approx((vs * mask).sum().item() / mask.sum().item(), rel=1e-5)
+    assert std.item() > 100  # the targets' spread, in the thousands
+    # The first step's value loss was still in the targets' own units (scale 1); the next is in units of std.
+    second = learner.update(batch, ())
+    assert second["baseline_loss"] < stats["baseline_loss"] / 1000
+    plain_cfg = learner_cfg()
+    plain_cfg.vtrace.reward_clipping = "none"
+    plain = make_learner(plain_cfg)
+    plain.update(batch, ())
+    assert plain.update(batch, ())["baseline_loss"] > 1000 * second["baseline_loss"]
+
+
+def test_normalized_values_update_once_per_sample_and_survive_a_checkpoint():
+    cfg = popart_cfg(batch_size=4, unroll_length=3, total_steps=1000)
+    cfg.optim.epochs, cfg.optim.minibatches = 3, 2
+    learner = make_learner(cfg)
+    learner.update(big_reward_batch(cfg, 10.0), ())
+    assert learner.model.value_norm.updates.item() == 2  # the first pass's two minibatches, not the reuse
+    restored = make_learner(cfg)
+    restored.load_state_dict(copy.deepcopy(learner.state_dict()))
+    for a, b in zip(learner.model.value_norm.moments(), restored.model.value_norm.moments()):
+        assert torch.equal(a, b)
+    batch = learner_batch(cfg)
+    with torch.no_grad():
+        torch.testing.assert_close(restored.model(batch, ())[0]["baseline"], learner.model(batch, ())[0]["baseline"])
+
+
+def test_value_norm_beta_must_be_a_rate():
+    cfg = popart_cfg()
+    cfg.model.value_norm_beta = 0.0
+    with pytest.raises(ConfigError, match=r"model.value_norm_beta=0.0 must be in \(0, 1\]"):
+        model_settings.check(cfg)

@@ -311,3 +311,17 @@ def test_resume_with_another_optimiser_is_refused(tiny_run_copy):
 
 def test_resume_in_another_env_with_the_same_spaces_is_refused(tiny_run_copy):
     assert "trained with env=" in refused_resume(tiny_run_copy, "env.id=CartPole-v0")
+
+
+def test_normalized_values_train_resume_and_play(tmp_path):
+    """model.normalize_values (PopArt): its statistics are the model's, so a run resumes with them and
+    test mode plays the checkpoint."""
+    run_dir, popart = tmp_path / "run", [*TINY, "model.normalize_values=true"]
+    run_cli(run_dir, *popart)
+    first = checkpoint.load(checkpoint.path_in(run_dir))["learner"]["model"]
+    assert first["value_norm.updates"].item() == 2560 // 64  # one per update (one pass, one minibatch)
+    run_cli(run_dir, *popart, "total_steps=3840")
+    resumed = checkpoint.load(checkpoint.path_in(run_dir))["learner"]["model"]
+    assert resumed["value_norm.updates"].item() == 3840 // 64  # went on from the checkpoint's
+    played = run_cli(tmp_path / "eval", *popart, "mode=test", f"load_dir={run_dir}", "test.num_episodes=2")
+    assert "Mean return over 2 episodes" in played.stdout + played.stderr

@@ -187,6 +187,57 @@ class RunningNorm(nn.Module):
         self.count.copy_(total)
 
 
+class ValueNorm(nn.Module):
+    """PopArt (van Hasselt et al., 2016; Hessel et al., 2019): the critic's head learns values
+    standardised by running statistics of the value targets, and the core turns them back into
+    returns (denormalize), so V-trace and every reader of `baseline` see returns as before.
+
+    The learner updates the statistics after each optimiser step of a batch's first pass
+    (update), from the targets of the steps it learned from, and rescales the head so that its
+    outputs in returns are unchanged (Preserving Outputs Precisely). The value loss divides by
+    the scale: whatever the task's reward scale, the critic fits targets of about unit size.
+    The statistics are exponential moving averages (rate `beta` per update, bias-corrected as
+    Adam's) of the targets' first and second moments; buffers, so checkpointed with the weights.
+    """
+
+    frozen = False  # as RunningNorm's: set while the learner reuses a batch
+
+    def __init__(self, beta: float = 0.001, epsilon: float = 1e-4):
+        super().__init__()
+        self.beta, self.epsilon = beta, epsilon
+        self.register_buffer("first", torch.zeros((), dtype=torch.float64))  # EMAs, before bias correction
+        self.register_buffer("second", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("updates", torch.zeros((), dtype=torch.float64))
+
+    def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, std) of the value targets; (0, 1) before the first update. Without a branch on the
+        count: the acting copies call this every step, and on a GPU a branch would wait for it."""
+        started = self.updates > 0
+        one = torch.ones_like(self.updates)
+        correction = torch.where(started, 1 - (1 - self.beta) ** self.updates, one)
+        mean, second = self.first / correction, self.second / correction
+        return mean, torch.where(started, (second - mean**2).clamp(min=self.epsilon**2).sqrt(), one)
+
+    def scale(self) -> torch.Tensor:
+        return self.moments()[1]
+
+    def denormalize(self, values: torch.Tensor) -> torch.Tensor:
+        mean, std = self.moments()
+        return values * std.to(values.dtype) + mean.to(values.dtype)
+
+    @torch.no_grad()
+    def update(self, mean: torch.Tensor, second: torch.Tensor, head: nn.Linear) -> None:
+        """Moves the statistics towards a batch's (the targets' mean and mean square) and rescales
+        `head`, the linear layer whose output is denormalised, to preserve its outputs."""
+        old_mean, old_std = self.moments()
+        self.first.mul_(1 - self.beta).add_(self.beta * mean.double())
+        self.second.mul_(1 - self.beta).add_(self.beta * second.double())
+        self.updates.add_(1)
+        new_mean, new_std = self.moments()
+        head.weight.mul_((old_std / new_std).to(head.weight.dtype))
+        head.bias.copy_(((old_std * head.bias.double() + old_mean - new_mean) / new_std).to(head.bias.dtype))
+
+
 class MLPBody(Body):
     """Fully connected layers over a flattened vector observation (standardised first with
     normalize_obs: continuous control's observations differ in scale by orders of magnitude)."""
@@ -225,10 +276,12 @@ class ActorCritic(nn.Module):
         lstm_layers: int = 1,
         leaf_keys: tuple = ("frame",),
         critic_body: nn.Module | None = None,
+        value_norm: ValueNorm | None = None,
     ):
         """actions: the env's action space (an int: that many Discrete actions); critic_body: a
         body of the baseline's own (model.separate_critic, feed-forward: the LSTM is the policy's),
-        else the baseline shares `body` and the core."""
+        else the baseline shares `body` and the core; value_norm: the baseline head learns
+        standardised values (model.normalize_values, PopArt)."""
         super().__init__()
         self.body = body
         self.critic_body = critic_body
@@ -245,6 +298,7 @@ class ActorCritic(nn.Module):
         self.policy = self.dist.head(core_size)
         critic_size = core_size if critic_body is None else critic_body.output_size + self.dist.encoded_size + 1
         self.baseline = nn.Linear(critic_size, 1)
+        self.value_norm = value_norm
         orthogonal_(self.policy, gain=0.01)  # a near-uniform (Box: centred) first policy, whatever the features
         orthogonal_(self.baseline, gain=1.0)
 
@@ -268,6 +322,8 @@ class ActorCritic(nn.Module):
         params = self.policy(core_output)
         critic_input = core_output if self.critic_body is None else self._core_input(self.critic_body, inputs)
         baseline = self.baseline(critic_input)
+        if self.value_norm is not None:
+            baseline = self.value_norm.denormalize(baseline)
         outputs = dict(policy_logits=params.view(T, B, -1), baseline=baseline.view(T, B))
         if action == "greedy":
             outputs["action"] = self.dist.greedy(params).view(T, B, *self.actions.step_shape)
@@ -317,7 +373,7 @@ class ActorCritic(nn.Module):
 
 
 # The core's fields of a model config; the others are the body's (models.Body).
-CORE_FIELDS = ("_target_", "use_lstm", "lstm_layers", "separate_critic")
+CORE_FIELDS = ("_target_", "use_lstm", "lstm_layers", "separate_critic", "normalize_values", "value_norm_beta")
 
 
 def make_model(cfg, spec: EnvSpec) -> ActorCritic:
@@ -334,7 +390,10 @@ def make_model(cfg, spec: EnvSpec) -> ActorCritic:
     body = _make_body(target, body_fields, spec)
     critic_body = _make_body(target, body_fields, spec) if fields.get("separate_critic", False) else None
     lstm = fields.get("use_lstm", False), fields.get("lstm_layers", 1)
-    return ActorCritic(body, spec.actions, *lstm, leaf_keys=spec.leaf_keys, critic_body=critic_body)
+    value_norm = ValueNorm(fields.get("value_norm_beta", 0.001)) if fields.get("normalize_values", False) else None
+    return ActorCritic(
+        body, spec.actions, *lstm, leaf_keys=spec.leaf_keys, critic_body=critic_body, value_norm=value_norm
+    )
 
 
 def _make_body(target: str, body_fields: dict, spec: EnvSpec) -> nn.Module:

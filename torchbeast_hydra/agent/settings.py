@@ -27,6 +27,11 @@ class ModelConfig:
     # the value loss then cannot pull the policy's features (continuous control). Feed-forward: with
     # use_lstm, the LSTM is the policy's.
     separate_critic: bool = False
+    # PopArt: the baseline head learns values standardised by running statistics of the value targets
+    # (models.ValueNorm; checkpointed), and the value loss and advantages are divided by their scale,
+    # so no reward_scale has to be tuned per task. value_norm_beta: the statistics' rate per update.
+    normalize_values: bool = False
+    value_norm_beta: float = 0.001
 
 
 @dataclass
@@ -93,3 +98,5 @@ def check(cfg) -> None:
         "e.g. model._target_=my_pkg.models.MyBody (see docs/extending.md).",
     )
     require(cfg.model.get("lstm_layers", 1) >= 1, "model.lstm_layers must be at least 1.")
+    beta = cfg.model.get("value_norm_beta", 0.001)
+    require(0 < beta <= 1, f"model.value_norm_beta={beta} must be in (0, 1]: the statistics' rate per update.")

@@ -30,7 +30,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from torchbeast_hydra.agent.distributions import Distribution, distribution
-from torchbeast_hydra.agent.models import RunningNorm
+from torchbeast_hydra.agent.models import RunningNorm, ValueNorm
 from torchbeast_hydra.env.actions import ActionSpec
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning import accel, vtrace
@@ -47,7 +47,9 @@ class LossInputs:
     policy_logits, ...); outputs: the learner's forward pass on rows 0..T-1 (policy_logits,
     baseline) and bootstrap_value its baseline at row T; rewards: clipped and scaled as
     configured; mask: 1.0 on real steps, 0.0 on padding (multiply every per-step term by it);
-    dist: the action distribution (log_prob, entropy, kl of policy_logits; distributions.py).
+    dist: the action distribution (log_prob, entropy, kl of policy_logits; distributions.py);
+    value_scale: the value targets' scale with model.normalize_values (PopArt), else 1: the value
+    loss and the advantages are in units of it.
     """
 
     cfg: VtraceConfig
@@ -61,6 +63,7 @@ class LossInputs:
     log_probs: torch.Tensor
     behaviour_log_probs: torch.Tensor
     advantages: torch.Tensor
+    value_scale: torch.Tensor | float = 1.0
 
 
 # A loss term: LossInputs -> a scalar tensor (summed over time and batch, as in TorchBeast).
@@ -79,7 +82,8 @@ def policy_gradient_term(inputs: LossInputs) -> torch.Tensor:
 
 
 def baseline_term(inputs: LossInputs) -> torch.Tensor:
-    return 0.5 * (((inputs.targets.vs - inputs.outputs["baseline"]) ** 2) * inputs.mask).sum()
+    errors = (inputs.targets.vs - inputs.outputs["baseline"]) / inputs.value_scale
+    return 0.5 * ((errors**2) * inputs.mask).sum()
 
 
 def entropy_term(inputs: LossInputs) -> torch.Tensor:
@@ -132,13 +136,22 @@ def compute_losses(
     loss_terms(cfg), resolved once by the caller (default: resolved here); dist: the model's
     action distribution (default: a categorical over policy_logits, a Discrete space).
     """
-    inputs = loss_inputs(cfg, batch, outputs, dist)
-    terms = loss_terms(cfg) if terms is None else terms
+    return weighted_losses(loss_inputs(cfg, batch, outputs, dist), loss_terms(cfg) if terms is None else terms)
+
+
+def weighted_losses(inputs: LossInputs, terms: dict) -> dict:
+    """Each term of `terms` (loss_terms) on the inputs times its cost, and their sum, total_loss."""
     losses = {name: cost * term(inputs) for name, (term, cost) in terms.items()}
     return dict(total_loss=sum(losses.values()), **losses)
 
 
-def loss_inputs(cfg: VtraceConfig, batch: dict, outputs: dict, dist: Distribution | None = None) -> LossInputs:
+def loss_inputs(
+    cfg: VtraceConfig,
+    batch: dict,
+    outputs: dict,
+    dist: Distribution | None = None,
+    value_scale: torch.Tensor | float = 1.0,
+) -> LossInputs:
     """Aligns rows (learner outputs 0..T-1 against batch rows 1..T) and computes V-trace targets."""
     if dist is None:
         dist = distribution(ActionSpec.discrete(outputs["policy_logits"].shape[-1]))
@@ -175,10 +188,19 @@ def loss_inputs(cfg: VtraceConfig, batch: dict, outputs: dict, dist: Distributio
         advantages = (rewards + discounts * vs_next - outputs["baseline"].detach()) * mask
     if cfg.normalize_advantages:
         advantages = standardised(advantages, mask)
+    else:
+        advantages = advantages / value_scale  # PopArt's: in units of the targets' scale
     return LossInputs(
         cfg, steps, outputs, bootstrap_value, rewards, mask, targets, dist,
         log_probs=target_log_probs, behaviour_log_probs=behavior_log_probs, advantages=advantages,
+        value_scale=value_scale,
     )  # fmt: skip
+
+
+def target_moments(targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[mean, mean square] of the value targets over the real steps (ValueNorm.update's input)."""
+    count = mask.sum().clamp(min=1)
+    return torch.stack([(targets * mask).sum() / count, (targets.pow(2) * mask).sum() / count])
 
 
 def standardised(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -242,7 +264,7 @@ def minibatches(batch: dict, core_state: tuple, count: int, shuffle: bool):
 
 @contextlib.contextmanager
 def frozen(norms: list):
-    """Running statistics (RunningNorm) that do not update meanwhile."""
+    """Running statistics (RunningNorm, ValueNorm) that do not update meanwhile."""
     for norm in norms:
         norm.frozen = True
     try:
@@ -276,7 +298,9 @@ class Learner:
         # The losses read these settings on every step: a plain object's attributes are ~50x faster
         # to read than a DictConfig's, which shows once optim.epochs x minibatches steps are small.
         self.vtrace_cfg = OmegaConf.to_object(cfg.vtrace) if OmegaConf.is_config(cfg.vtrace) else cfg.vtrace
-        self.running_norms = [m for m in self.model.modules() if isinstance(m, RunningNorm)]
+        self.running_norms = [m for m in self.model.modules() if isinstance(m, (RunningNorm, ValueNorm))]
+        self.value_norm: ValueNorm | None = getattr(self.model, "value_norm", None)
+        self._stepped = False  # whether the last optimiser step was taken (its loss and gradient finite)
         self.parameters = list(self.model.parameters())
 
     def update(self, batch: dict, initial_core_state: tuple, steps: int | None = None) -> dict:
@@ -291,7 +315,7 @@ class Learner:
         optim = self.cfg.optim
         figures = []
         for epoch in range(optim.epochs):
-            # Running statistics (observation normalisation) count each sample once.
+            # Running statistics (observations, value targets) count each sample once.
             with frozen(self.running_norms if epoch > 0 else []):
                 for part, state in minibatches(batch, initial_core_state, optim.minibatches, shuffle=optim.epochs > 1):
                     figures.append(self._step(part, state))
@@ -304,18 +328,27 @@ class Learner:
         """One optimiser step on (part of) a batch; its figures (the loss terms, the grad norm)."""
         with _stage("learner/forward"), accel.autocast(self.cfg.accel, self.device):
             outputs, _ = self.forward(batch, initial_core_state, action="none")
+        value_norm = self.value_norm
+        value_scale = value_norm.scale().float() if value_norm is not None else 1.0
         with _stage("learner/losses"):
             outputs = {key: value.float() for key, value in outputs.items()}  # V-trace and the losses in fp32
-            losses = compute_losses(self.vtrace_cfg, batch, outputs, self.loss_terms, self.model.dist)
+            inputs = loss_inputs(self.vtrace_cfg, batch, outputs, self.model.dist, value_scale)
+            losses = weighted_losses(inputs, self.loss_terms)
         with _stage("learner/backward"):
             self.optimizer.zero_grad(set_to_none=True)
             losses["total_loss"].backward()
         figures = torch.stack(list(losses.values())).detach()
+        updates_norm = value_norm is not None and not value_norm.frozen
+        if updates_norm:  # the targets' moments ride along: with several ranks, averaged with the rest
+            figures = torch.cat([figures, target_moments(inputs.targets.vs.detach(), inputs.mask)])
         if self.average_gradients is not None:  # every rank steps with the same (mean) gradient
             with _stage("learner/all_reduce"):
                 self.average_gradients(self.parameters, figures)
         with _stage("learner/optimiser"):
-            return self._optimiser_step(losses, figures)
+            result = self._optimiser_step(losses, figures[: len(losses)])
+        if updates_norm and self._stepped:  # after the step: its gradient was in the scale it was taken at
+            value_norm.update(*figures[len(losses) :], head=self.model.baseline)
+        return result
 
     def _optimiser_step(self, losses: dict, figures: torch.Tensor) -> list:
         """Clips the gradient and steps, unless the loss or the gradient is not finite; the figures."""
@@ -323,7 +356,8 @@ class Learner:
         self._figure_names = [*losses, "grad_norm"]
         # One device-to-host copy for all the figures: on a GPU each .item() would wait on its own.
         figures = torch.cat([figures, grad_norm.detach().reshape(1)]).tolist()
-        if math.isfinite(figures[0]) and math.isfinite(figures[-1]):  # total_loss and grad_norm
+        self._stepped = math.isfinite(figures[0]) and math.isfinite(figures[-1])  # total_loss and grad_norm
+        if self._stepped:
             self.optimizer.step()
         elif OnNonFinite(self.cfg.optim.on_nonfinite) is OnNonFinite.stop:
             raise NonFiniteUpdate(
