@@ -634,9 +634,9 @@ def test_epochs_and_minibatches_take_that_many_steps_and_count_each_sample_once(
     learner = make_learner(cfg)
     norm = learner.model.body.normalize
     seen_columns = []
-    original_step = learner._step
-    learner._step = lambda part, state: (
-        seen_columns.append(part["frame"][0, :, 0].tolist()) or original_step(part, state)
+    original = learner._unroll_inputs
+    learner._unroll_inputs = lambda part, state, scale: (
+        seen_columns.append(part["frame"][0, :, 0].tolist()) or original(part, state, scale)
     )
     batch = learner_batch(cfg)
     stats = learner.update(batch, ())
@@ -787,3 +787,64 @@ def test_value_norm_beta_must_be_a_rate():
     cfg.model.value_norm_beta = 0.0
     with pytest.raises(ConfigError, match=r"model.value_norm_beta=0.0 must be in \(0, 1\]"):
         model_settings.check(cfg)
+
+
+# ---------------------------------------------------------------------------------------------
+# optim.minibatch_unit=steps: PPO's minibatches of single steps.
+# ---------------------------------------------------------------------------------------------
+
+
+def steps_cfg(epochs=1, minibatches=1, **kwargs):
+    cfg = learner_cfg(batch_size=4, unroll_length=5, total_steps=1000, **kwargs)
+    cfg.optim.epochs, cfg.optim.minibatches, cfg.optim.minibatch_unit = epochs, minibatches, "steps"
+    return cfg
+
+
+@pytest.mark.parametrize("ppo", [False, True])
+def test_one_minibatch_of_steps_learns_what_one_of_whole_unrolls_does(ppo):
+    """The same targets (one forward pass over the batch) and the same steps: the same losses and step."""
+    results = []
+    for unit in ("unrolls", "steps"):
+        cfg = steps_cfg()
+        cfg.optim.minibatch_unit = unit
+        cfg.vtrace.ppo_clip, cfg.vtrace.normalize_advantages = (0.2, True) if ppo else (None, False)
+        learner = make_learner(cfg)
+        batch = learner_batch(cfg)
+        batch["mask"][4:, 1] = False  # a partial rollout: its padding is no step of either
+        results.append((learner.update(batch, ()), params_of(learner)))
+    (by_unrolls, unroll_params), (by_steps, step_params) = results
+    for key in ("total_loss", "pg_loss", "baseline_loss", "entropy_loss", "grad_norm"):
+        assert by_steps[key] == pytest.approx(by_unrolls[key], rel=1e-4, abs=1e-6), key
+    for a, b in zip(unroll_params, step_params):
+        torch.testing.assert_close(a, b)
+
+
+def test_minibatches_of_steps_cover_each_real_step_once_per_pass():
+    cfg = steps_cfg(epochs=2, minibatches=3)
+    cfg.model.normalize_obs = True
+    learner = make_learner(cfg)
+    batch = learner_batch(cfg)
+    batch["mask"][3:, 2] = False  # column 2: two real steps, then padding
+    batch["frame"][..., 0] = torch.arange(6 * 4, dtype=torch.float32).view(6, 4)  # each input row's own id
+    seen = []
+    original = learner._steps_inputs
+    learner._steps_inputs = lambda b, whole, steps, scale: (
+        seen.append(steps.tolist()) or original(b, whole, steps, scale)
+    )
+    learner.update(batch, ())
+    assert len(seen) == 6 and learner.optimizer.state_dict()["state"][0]["step"].item() == 6
+    real = sorted(t * 4 + b for t in range(5) for b in range(4) if not (b == 2 and t >= 2))
+    for epoch in range(2):  # each pass: every real step once, in three minibatches of about a third
+        taken = [step for part in seen[3 * epoch : 3 * epoch + 3] for step in part]
+        assert sorted(taken) == real and [len(part) for part in seen[3 * epoch : 3 * epoch + 3]] == [6, 6, 5]
+    assert seen[0] != sorted(seen[0]) or seen[1] != sorted(seen[1])  # drawn at random, not in order
+    assert learner.model.body.normalize.count.item() == len(real)  # the first pass's steps, once each
+
+
+def test_minibatches_of_steps_need_a_feed_forward_model_and_fit_the_batch():
+    cfg = steps_cfg(minibatches=21)
+    with pytest.raises(ConfigError, match="optim.minibatches=21 must be between 1 and the batch's 20 steps"):
+        settings.check(cfg)
+    cfg = steps_cfg(minibatches=20, use_lstm=True)
+    with pytest.raises(ConfigError, match="optim.minibatch_unit=steps needs a feed-forward model"):
+        settings.check(cfg)

@@ -18,9 +18,11 @@ logs each one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import hydra
@@ -34,7 +36,14 @@ from torchbeast_hydra.agent.models import RunningNorm, ValueNorm
 from torchbeast_hydra.env.actions import ActionSpec
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning import accel, vtrace
-from torchbeast_hydra.learning.settings import OnNonFinite, OptimConfig, OptimName, RewardClipping, VtraceConfig
+from torchbeast_hydra.learning.settings import (
+    MinibatchUnit,
+    OnNonFinite,
+    OptimConfig,
+    OptimName,
+    RewardClipping,
+    VtraceConfig,
+)
 
 log = logging.getLogger(__name__)
 
@@ -314,25 +323,83 @@ class Learner:
         self.model.train()
         optim = self.cfg.optim
         figures = []
+        by_steps = MinibatchUnit(optim.minibatch_unit) is MinibatchUnit.steps
         for epoch in range(optim.epochs):
             # Running statistics (observations, value targets) count each sample once.
             with frozen(self.running_norms if epoch > 0 else []):
-                for part, state in minibatches(batch, initial_core_state, optim.minibatches, shuffle=optim.epochs > 1):
-                    figures.append(self._step(part, state))
+                if by_steps:
+                    parts = self._step_minibatches(batch, initial_core_state)
+                else:
+                    parts = (
+                        partial(self._unroll_inputs, part, state)
+                        for part, state in minibatches(
+                            batch, initial_core_state, optim.minibatches, shuffle=optim.epochs > 1
+                        )
+                    )
+                for inputs_of in parts:
+                    figures.append(self._step(inputs_of))
         self.scheduler.step()
         stats = {name: sum(values) / len(values) for name, values in zip(self._figure_names, zip(*figures))}
         stats["learning_rate"] = self.scheduler.get_last_lr()[0]
         return stats
 
-    def _step(self, batch: dict, initial_core_state: tuple) -> list:
-        """One optimiser step on (part of) a batch; its figures (the loss terms, the grad norm)."""
+    def _unroll_inputs(self, batch: dict, initial_core_state: tuple, value_scale) -> LossInputs:
+        """The learner's forward pass over whole unrolls and their V-trace targets."""
         with _stage("learner/forward"), accel.autocast(self.cfg.accel, self.device):
             outputs, _ = self.forward(batch, initial_core_state, action="none")
-        value_norm = self.value_norm
-        value_scale = value_norm.scale().float() if value_norm is not None else 1.0
         with _stage("learner/losses"):
             outputs = {key: value.float() for key, value in outputs.items()}  # V-trace and the losses in fp32
-            inputs = loss_inputs(self.vtrace_cfg, batch, outputs, self.model.dist, value_scale)
+            return loss_inputs(self.vtrace_cfg, batch, outputs, self.model.dist, value_scale)
+
+    def _step_minibatches(self, batch: dict, initial_core_state: tuple):
+        """optim.minibatch_unit=steps: one pass's minibatches of single steps, drawn at random from
+        the batch's real steps, each as a function of the value scale giving its LossInputs. The
+        targets and raw advantages come from one forward pass over the whole batch at the start of
+        the pass (no gradient): V-trace needs whole unrolls."""
+        raw = dataclasses.replace(self.vtrace_cfg, normalize_advantages=False)
+        with torch.no_grad(), _stage("learner/targets"), accel.autocast(self.cfg.accel, self.device):
+            outputs, _ = self.forward(batch, initial_core_state, action="none")
+            outputs = {key: value.float() for key, value in outputs.items()}
+            whole = loss_inputs(raw, batch, outputs, self.model.dist)
+        real = whole.mask.flatten().nonzero().flatten()
+        order = real[torch.randperm(len(real), device=real.device)]
+        for steps in order.chunk(self.cfg.optim.minibatches):
+            yield partial(self._steps_inputs, batch, whole, steps)
+
+    def _steps_inputs(self, batch: dict, whole: LossInputs, steps: torch.Tensor, value_scale) -> LossInputs:
+        """LossInputs of some steps of a batch (flat indices t * B + b into its rows 1..T), as a
+        batch [1, n]: the learner's forward pass on their input rows, `whole`'s targets for them."""
+        columns = whole.mask.shape[1]
+        t, b = steps // columns, steps % columns
+
+        def pick(values: torch.Tensor) -> torch.Tensor:
+            return values[t, b].unsqueeze(0)
+
+        rows = {key: pick(value[:-1]) for key, value in batch.items()}  # the model's input rows 0..T-1
+        with _stage("learner/forward"), accel.autocast(self.cfg.accel, self.device):
+            outputs, _ = self.forward(rows, (), action="none")
+        outputs = {key: value.float() for key, value in outputs.items()}
+        taken = {key: pick(value) for key, value in whole.steps.items()}
+        advantages = pick(whole.advantages)
+        mask = torch.ones_like(advantages)
+        if self.vtrace_cfg.normalize_advantages:
+            advantages = standardised(advantages, mask)
+        else:
+            advantages = advantages / value_scale
+        return LossInputs(
+            self.vtrace_cfg, taken, outputs, whole.bootstrap_value, pick(whole.rewards), mask,
+            vtrace.VTraceReturns(vs=pick(whole.targets.vs), pg_advantages=pick(whole.targets.pg_advantages)),
+            whole.dist, log_probs=whole.dist.log_prob(outputs["policy_logits"], taken["action"]),
+            behaviour_log_probs=pick(whole.behaviour_log_probs), advantages=advantages, value_scale=value_scale,
+        )  # fmt: skip
+
+    def _step(self, inputs_of: Callable) -> list:
+        """One optimiser step on (part of) a batch; its figures (the loss terms, the grad norm).
+        inputs_of(value_scale): the part's LossInputs, from the learner's forward pass on it."""
+        value_norm = self.value_norm
+        value_scale = value_norm.scale().float() if value_norm is not None else 1.0
+        inputs = inputs_of(value_scale)
+        with _stage("learner/losses"):
             losses = weighted_losses(inputs, self.loss_terms)
         with _stage("learner/backward"):
             self.optimizer.zero_grad(set_to_none=True)

@@ -23,6 +23,18 @@ class OnNonFinite(enum.Enum):
     stop = "stop"  # stop the run with an error; the last checkpoint holds the last good weights
 
 
+class MinibatchUnit(enum.Enum):
+    """What optim.minibatches splits a batch into."""
+
+    # Whole unrolls (batch columns): the V-trace targets are recomputed in each minibatch from the
+    # learner's current values. Any model, LSTM included.
+    unrolls = "unrolls"
+    # Single steps drawn at random from the whole batch, as PPO's minibatches: the targets and
+    # advantages are computed once per pass over the batch (from the weights at its start), then
+    # each minibatch learns from steps of every unroll. Feed-forward models only.
+    steps = "steps"
+
+
 class RewardClipping(enum.Enum):
     abs_one = "abs_one"  # to [-1, 1], as in IMPALA on Atari
     none = "none"
@@ -65,6 +77,7 @@ class OptimConfig:
     # (whole unrolls, by batch column) with one optimiser step each. 1 and 1: IMPALA's one step per batch.
     epochs: int = 1
     minibatches: int = 1
+    minibatch_unit: MinibatchUnit = MinibatchUnit.unrolls
     on_nonfinite: OnNonFinite = OnNonFinite.skip  # a NaN/inf loss or gradient
 
 
@@ -138,10 +151,22 @@ def check(cfg) -> None:
     require(optim.epsilon > 0, "optim.epsilon must be positive.")
     require(optim.grad_norm_clipping > 0, "optim.grad_norm_clipping must be positive.")
     require(optim.epochs >= 1, "optim.epochs must be at least 1.")
-    require(
-        1 <= optim.minibatches <= cfg.batch_size,
-        f"optim.minibatches={optim.minibatches} must be between 1 and batch_size={cfg.batch_size} "
-        "(a minibatch is whole unrolls).",
-    )
+    if MinibatchUnit(optim.minibatch_unit) is MinibatchUnit.unrolls:
+        require(
+            1 <= optim.minibatches <= cfg.batch_size,
+            f"optim.minibatches={optim.minibatches} must be between 1 and batch_size={cfg.batch_size} "
+            "(a minibatch is whole unrolls; optim.minibatch_unit=steps splits by steps).",
+        )
+    else:
+        steps = cfg.batch_size * cfg.unroll_length
+        require(
+            1 <= optim.minibatches <= steps,
+            f"optim.minibatches={optim.minibatches} must be between 1 and the batch's {steps} steps.",
+        )
+        require(
+            not cfg.model.get("use_lstm", False),
+            "optim.minibatch_unit=steps needs a feed-forward model: an LSTM learns from whole unrolls "
+            "(model.use_lstm=false, or optim.minibatch_unit=unrolls).",
+        )
     if OptimName(optim.name) is OptimName.adam:
         require(len(optim.betas) == 2, "optim.betas must have two values, e.g. [0.9,0.999].")
