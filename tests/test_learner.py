@@ -720,16 +720,16 @@ def test_value_norm_tracks_the_targets_and_preserves_the_heads_outputs():
     torch.manual_seed(0)
     norm, head = models.ValueNorm(beta=0.1), torch.nn.Linear(5, 1)
     features = torch.randn(7, 5)
-    assert [m.item() for m in norm.moments()] == [0.0, 1.0]  # before any update: the head's own outputs
+    assert (norm.mean.item(), norm.std.item()) == (0.0, 1.0)  # before any update: the head's own outputs
     before = norm.denormalize(head(features))
     norm.update(torch.tensor(50.0), torch.tensor(50.0**2 + 20.0**2), head)
-    mean, std = norm.moments()
+    mean, std = norm.mean, norm.std
     assert (mean.item(), std.item()) == pytest.approx((50.0, 20.0))  # the first update, bias-corrected: its own
     torch.testing.assert_close(norm.denormalize(head(features)), before)  # Preserving Outputs Precisely
     norm.update(torch.tensor(150.0), torch.tensor(150.0**2), head)
     weights = (0.9 * 0.1, 0.1)  # the EMA's weights of the two updates, before the correction 1 - 0.9**2
     expected_mean = (weights[0] * 50 + weights[1] * 150) / 0.19
-    assert norm.moments()[0].item() == pytest.approx(expected_mean)
+    assert norm.mean.item() == pytest.approx(expected_mean)
     torch.testing.assert_close(norm.denormalize(head(features)), before)
 
 
@@ -754,7 +754,7 @@ def test_normalized_values_learn_from_the_targets_moments_in_their_scale():
         inputs = loss_inputs(cfg.vtrace, batch, copy.deepcopy(learner.model)(batch, ())[0])
     vs, mask = inputs.targets.vs, inputs.mask
     stats = learner.update(batch, ())
-    mean, std = learner.model.value_norm.moments()
+    mean, std = learner.model.value_norm.mean, learner.model.value_norm.std
     assert mean.item() == pytest.approx((vs * mask).sum().item() / mask.sum().item(), rel=1e-5)
     assert std.item() > 100  # the targets' spread, in the thousands
     # The first step's value loss was still in the targets' own units (scale 1); the next is in units of std.
@@ -775,7 +775,7 @@ def test_normalized_values_update_once_per_sample_and_survive_a_checkpoint():
     assert learner.model.value_norm.updates.item() == 2  # the first pass's two minibatches, not the reuse
     restored = make_learner(cfg)
     restored.load_state_dict(copy.deepcopy(learner.state_dict()))
-    for a, b in zip(learner.model.value_norm.moments(), restored.model.value_norm.moments()):
+    for a, b in zip(learner.model.value_norm.buffers(), restored.model.value_norm.buffers()):
         assert torch.equal(a, b)
     batch = learner_batch(cfg)
     with torch.no_grad():

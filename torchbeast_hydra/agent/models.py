@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from torchbeast_hydra.agent.distributions import distribution
-from torchbeast_hydra.agent.settings import AtariNetConfig, MLPConfig, ResNetConfig
+from torchbeast_hydra.agent.settings import AtariNetConfig, MLPConfig, ModelConfig, ResNetConfig
 from torchbeast_hydra.env.actions import ActionSpec
 from torchbeast_hydra.env.spaces import EnvSpec
 from torchbeast_hydra.errors import ConfigError
@@ -202,40 +202,32 @@ class ValueNorm(nn.Module):
 
     frozen = False  # as RunningNorm's: set while the learner reuses a batch
 
-    def __init__(self, beta: float = 0.001, epsilon: float = 1e-4):
+    def __init__(self, beta: float, epsilon: float = 1e-4):
         super().__init__()
         self.beta, self.epsilon = beta, epsilon
         self.register_buffer("first", torch.zeros((), dtype=torch.float64))  # EMAs, before bias correction
         self.register_buffer("second", torch.zeros((), dtype=torch.float64))
         self.register_buffer("updates", torch.zeros((), dtype=torch.float64))
-
-    def moments(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean, std) of the value targets; (0, 1) before the first update. Without a branch on the
-        count: the acting copies call this every step, and on a GPU a branch would wait for it."""
-        started = self.updates > 0
-        one = torch.ones_like(self.updates)
-        correction = torch.where(started, 1 - (1 - self.beta) ** self.updates, one)
-        mean, second = self.first / correction, self.second / correction
-        return mean, torch.where(started, (second - mean**2).clamp(min=self.epsilon**2).sqrt(), one)
-
-    def scale(self) -> torch.Tensor:
-        return self.moments()[1]
+        # What the EMAs give, kept up to date by update(): every forward pass (the actors' too) reads them.
+        self.register_buffer("mean", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("std", torch.ones((), dtype=torch.float64))
 
     def denormalize(self, values: torch.Tensor) -> torch.Tensor:
-        mean, std = self.moments()
-        return values * std.to(values.dtype) + mean.to(values.dtype)
+        return values * self.std.to(values.dtype) + self.mean.to(values.dtype)
 
     @torch.no_grad()
     def update(self, mean: torch.Tensor, second: torch.Tensor, head: nn.Linear) -> None:
         """Moves the statistics towards a batch's (the targets' mean and mean square) and rescales
         `head`, the linear layer whose output is denormalised, to preserve its outputs."""
-        old_mean, old_std = self.moments()
+        old_mean, old_std = self.mean.clone(), self.std.clone()
         self.first.mul_(1 - self.beta).add_(self.beta * mean.double())
         self.second.mul_(1 - self.beta).add_(self.beta * second.double())
         self.updates.add_(1)
-        new_mean, new_std = self.moments()
-        head.weight.mul_((old_std / new_std).to(head.weight.dtype))
-        head.bias.copy_(((old_std * head.bias.double() + old_mean - new_mean) / new_std).to(head.bias.dtype))
+        correction = 1 - (1 - self.beta) ** self.updates
+        self.mean.copy_(self.first / correction)
+        self.std.copy_((self.second / correction - self.mean**2).clamp(min=self.epsilon**2).sqrt())
+        head.weight.mul_((old_std / self.std).to(head.weight.dtype))
+        head.bias.copy_(((old_std * head.bias.double() + old_mean - self.mean) / self.std).to(head.bias.dtype))
 
 
 class MLPBody(Body):
@@ -390,7 +382,8 @@ def make_model(cfg, spec: EnvSpec) -> ActorCritic:
     body = _make_body(target, body_fields, spec)
     critic_body = _make_body(target, body_fields, spec) if fields.get("separate_critic", False) else None
     lstm = fields.get("use_lstm", False), fields.get("lstm_layers", 1)
-    value_norm = ValueNorm(fields.get("value_norm_beta", 0.001)) if fields.get("normalize_values", False) else None
+    beta = fields.get("value_norm_beta", ModelConfig.value_norm_beta)
+    value_norm = ValueNorm(beta) if fields.get("normalize_values", False) else None
     return ActorCritic(
         body, spec.actions, *lstm, leaf_keys=spec.leaf_keys, critic_body=critic_body, value_norm=value_norm
     )

@@ -98,5 +98,5 @@ def check(cfg) -> None:
         "e.g. model._target_=my_pkg.models.MyBody (see docs/extending.md).",
     )
     require(cfg.model.get("lstm_layers", 1) >= 1, "model.lstm_layers must be at least 1.")
-    beta = cfg.model.get("value_norm_beta", 0.001)
+    beta = cfg.model.get("value_norm_beta", ModelConfig.value_norm_beta)
     require(0 < beta <= 1, f"model.value_norm_beta={beta} must be in (0, 1]: the statistics' rate per update.")

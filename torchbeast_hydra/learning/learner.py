@@ -309,7 +309,8 @@ class Learner:
         self.vtrace_cfg = OmegaConf.to_object(cfg.vtrace) if OmegaConf.is_config(cfg.vtrace) else cfg.vtrace
         self.running_norms = [m for m in self.model.modules() if isinstance(m, (RunningNorm, ValueNorm))]
         self.value_norm: ValueNorm | None = getattr(self.model, "value_norm", None)
-        self._stepped = False  # whether the last optimiser step was taken (its loss and gradient finite)
+        # The targets and advantages of optim.minibatch_unit=steps: raw, standardised per minibatch.
+        self._targets_cfg = dataclasses.replace(self.vtrace_cfg, normalize_advantages=False)
         self.parameters = list(self.model.parameters())
 
     def update(self, batch: dict, initial_core_state: tuple, steps: int | None = None) -> dict:
@@ -356,11 +357,10 @@ class Learner:
         the batch's real steps, each as a function of the value scale giving its LossInputs. The
         targets and raw advantages come from one forward pass over the whole batch at the start of
         the pass (no gradient): V-trace needs whole unrolls."""
-        raw = dataclasses.replace(self.vtrace_cfg, normalize_advantages=False)
         with torch.no_grad(), _stage("learner/targets"), accel.autocast(self.cfg.accel, self.device):
             outputs, _ = self.forward(batch, initial_core_state, action="none")
             outputs = {key: value.float() for key, value in outputs.items()}
-            whole = loss_inputs(raw, batch, outputs, self.model.dist)
+            whole = loss_inputs(self._targets_cfg, batch, outputs, self.model.dist)
         real = whole.mask.flatten().nonzero().flatten()
         order = real[torch.randperm(len(real), device=real.device)]
         for steps in order.chunk(self.cfg.optim.minibatches):
@@ -397,7 +397,7 @@ class Learner:
         """One optimiser step on (part of) a batch; its figures (the loss terms, the grad norm).
         inputs_of(value_scale): the part's LossInputs, from the learner's forward pass on it."""
         value_norm = self.value_norm
-        value_scale = value_norm.scale().float() if value_norm is not None else 1.0
+        value_scale = value_norm.std.float() if value_norm is not None else 1.0
         inputs = inputs_of(value_scale)
         with _stage("learner/losses"):
             losses = weighted_losses(inputs, self.loss_terms)
@@ -412,19 +412,20 @@ class Learner:
             with _stage("learner/all_reduce"):
                 self.average_gradients(self.parameters, figures)
         with _stage("learner/optimiser"):
-            result = self._optimiser_step(losses, figures[: len(losses)])
-        if updates_norm and self._stepped:  # after the step: its gradient was in the scale it was taken at
+            result, stepped = self._optimiser_step(losses, figures[: len(losses)])
+        if updates_norm and stepped:  # after the step: its gradient was in the scale it was taken at
             value_norm.update(*figures[len(losses) :], head=self.model.baseline)
         return result
 
-    def _optimiser_step(self, losses: dict, figures: torch.Tensor) -> list:
-        """Clips the gradient and steps, unless the loss or the gradient is not finite; the figures."""
+    def _optimiser_step(self, losses: dict, figures: torch.Tensor) -> tuple[list, bool]:
+        """Clips the gradient and steps, unless the loss or the gradient is not finite; the figures,
+        and whether it stepped."""
         grad_norm = nn.utils.clip_grad_norm_(self.parameters, self.cfg.optim.grad_norm_clipping)
         self._figure_names = [*losses, "grad_norm"]
         # One device-to-host copy for all the figures: on a GPU each .item() would wait on its own.
         figures = torch.cat([figures, grad_norm.detach().reshape(1)]).tolist()
-        self._stepped = math.isfinite(figures[0]) and math.isfinite(figures[-1])  # total_loss and grad_norm
-        if self._stepped:
+        stepped = math.isfinite(figures[0]) and math.isfinite(figures[-1])  # total_loss and grad_norm
+        if stepped:
             self.optimizer.step()
         elif OnNonFinite(self.cfg.optim.on_nonfinite) is OnNonFinite.stop:
             raise NonFiniteUpdate(
@@ -437,7 +438,7 @@ class Learner:
             log.warning(
                 "Skipped an update with a non-finite loss or gradient: %s", dict(zip(self._figure_names, figures))
             )
-        return figures
+        return figures, stepped
 
     def state_dict(self) -> dict:
         return dict(

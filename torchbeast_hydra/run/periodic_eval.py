@@ -109,9 +109,9 @@ class Evaluations:
         self._in_flight: int | None = None
         # (step, mean return) of the first evaluation that met eval.stop_at_return, before the checkpoint.
         self.target_reached: tuple[int, float] | None = None
-        for step, score, _ in self.scores():
-            if step <= resume_step and self._meets_target(score) and self.target_reached is None:
-                self.target_reached = (step, score)
+        if self.settings.stop_at_return is not None:  # eval.csv is read only when there is a target
+            met = [(step, score) for step, score, _ in self.scores() if self._meets_target(score)]
+            self.target_reached = next((m for m in met if m[0] <= resume_step), None)
 
     def maybe_start(self, step: int, snapshot) -> None:
         """Called between updates: reports finished evaluations, and sends snapshot() (the current
