@@ -51,9 +51,9 @@ def _each_rank(rank: int, port: int, results) -> None:
     different = _check_config(ranks, (1, 2)[rank])
     same = _check_config(ranks, 3)
     cfg = learner_cfg(total_steps=10_000)
-    cfg.model.normalize_values = True  # PopArt's statistics too must agree: they rescale the value head
-    shared = make_learner(cfg)
-    shared.average_gradients = ranks.average_gradients
+    # The running statistics too must agree: PopArt's rescale the value head, the observations' its inputs.
+    cfg.model.normalize_values = cfg.model.normalize_obs = True
+    shared = make_learner(cfg, average_gradients=ranks.average_gradients, sum_over_ranks=ranks.sum_over_ranks)
     alone = make_learner(cfg)  # the same start, without averaging: the control
     losses = []
     for update in range(UPDATES):

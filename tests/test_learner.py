@@ -336,10 +336,11 @@ def learner_cfg(batch_size=2, unroll_length=3, total_steps=24, anneal_lr=True, u
     return cfg
 
 
-def make_learner(cfg) -> Learner:
+def make_learner(cfg, **ranks) -> Learner:
+    """ranks: Learner's data-parallel hooks (average_gradients, sum_over_ranks)."""
     torch.manual_seed(0)
     model = models.make_model(cfg.model, SPEC)
-    return Learner(cfg, model, torch.device("cpu"))
+    return Learner(cfg, model, torch.device("cpu"), **ranks)
 
 
 def learner_batch(cfg, seed=0) -> dict:

@@ -1,9 +1,11 @@
+import copy
+
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
-from torchbeast_hydra.agent.models import make_model
+from torchbeast_hydra.agent.models import RunningNorm, make_model
 from torchbeast_hydra.agent.settings import AtariNetConfig, MLPConfig, ResNetConfig
 from torchbeast_hydra.env.actions import action_spec
 from torchbeast_hydra.env.spaces import EnvSpec
@@ -181,6 +183,26 @@ def test_running_norm_learns_from_the_learner_only_and_is_checkpointed():
     torch.testing.assert_close(acting.body.normalize.mean, norm.mean)
     normalised = norm(flat.float())
     assert normalised.abs().max() <= 10.0 and torch.allclose(normalised.mean(0), torch.zeros(3), atol=1e-3)
+
+
+def test_running_norm_with_ranks_merges_the_batches_of_every_rank():
+    """With sum_over_ranks (an all_reduce: here, adding the other rank's sums), a rank's statistics
+    are those of one norm that saw every rank's batches."""
+    torch.manual_seed(0)
+    scale = torch.tensor([1.0, 10.0, 1e3], dtype=torch.float64)
+    rank, alone = RunningNorm(3).train(), RunningNorm(3).train()
+    for _ in range(3):
+        mine, theirs = (torch.randn(40, 3, dtype=torch.float64) * scale + 1e3 for _ in range(2))
+        other_rank = copy.deepcopy(rank)  # the same statistics, its own batch: gives its sums
+        given = []
+        other_rank.sum_over_ranks = given.append
+        other_rank(theirs)
+        rank.sum_over_ranks = lambda sums, given=given: sums.add_(given[0])
+        rank(mine)
+        alone(torch.cat([mine, theirs]))
+    assert rank.count == alone.count == 240
+    torch.testing.assert_close(rank.mean, alone.mean)
+    torch.testing.assert_close(rank.var, alone.var)
 
 
 def test_mlp_activation_is_chosen_by_name_and_a_wrong_name_is_refused():

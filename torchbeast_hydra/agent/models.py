@@ -13,6 +13,7 @@ architecture, write a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import hydra
 import numpy as np
@@ -157,10 +158,13 @@ class RunningNorm(nn.Module):
     weights. Only the learner's forward pass updates them (training mode, gradients on: the acting
     copies run in eval mode under no_grad, test mode in eval mode), so they follow the data the
     learner sees and stay frozen in test mode. `frozen` holds them while the learner reuses a
-    batch (learner.frozen), so each sample counts once.
+    batch (learner.frozen), so each sample counts once. With data-parallel ranks the learner sets
+    `sum_over_ranks`, and every rank merges the moments of all the ranks' batches: their
+    statistics, like their weights, stay the same.
     """
 
     frozen = False
+    sum_over_ranks: Callable[[torch.Tensor], None] | None = None  # in place, as torch.distributed.all_reduce
 
     def __init__(self, size: int, clip: float = 10.0, epsilon: float = 1e-8):
         super().__init__()
@@ -178,12 +182,16 @@ class RunningNorm(nn.Module):
     @torch.no_grad()
     def _update(self, x: torch.Tensor) -> None:
         """Merges the batch's moments into the running ones (Chan et al.'s parallel algorithm)."""
-        n = x.shape[0]
-        mean, var = x.mean(0), x.var(0, unbiased=False)
+        # Sums, so that ranks can add theirs; about the running mean, so that they stay well conditioned.
+        centred = x - self.mean
+        sums = torch.cat([centred.new_tensor([x.shape[0]]), centred.sum(0), centred.pow(2).sum(0)])
+        if self.sum_over_ranks is not None:
+            self.sum_over_ranks(sums)
+        n, offset, square = sums[0], sums[1 : 1 + x.shape[1]] / sums[0], sums[1 + x.shape[1] :] / sums[0]
+        var = (square - offset.pow(2)).clamp(min=0)  # the batch's, and offset its mean's from the running one
         total = self.count + n
-        delta = mean - self.mean
-        self.var.copy_((self.var * self.count + var * n + delta.pow(2) * self.count * n / total) / total)
-        self.mean.add_(delta * n / total)
+        self.var.copy_((self.var * self.count + var * n + offset.pow(2) * self.count * n / total) / total)
+        self.mean.add_(offset * n / total)
         self.count.copy_(total)
 
 

@@ -290,10 +290,18 @@ class NonFiniteUpdate(RuntimeError):
 class Learner:
     """The model being trained, its optimiser and LR schedule, and one update on a batch."""
 
-    def __init__(self, cfg, model: nn.Module, device: torch.device, average_gradients: Callable | None = None):
-        """average_gradients(parameters, figures): with several data-parallel ranks, replaces the
-        gradients and the figures (the loss terms) by their mean over the ranks, in place
-        (run/distributed.py); None with one rank."""
+    def __init__(
+        self,
+        cfg,
+        model: nn.Module,
+        device: torch.device,
+        average_gradients: Callable | None = None,
+        sum_over_ranks: Callable | None = None,
+    ):
+        """With several data-parallel ranks (run/distributed.py; None with one rank):
+        average_gradients(parameters, figures) replaces the gradients and the figures (the loss
+        terms) by their mean over the ranks, in place; sum_over_ranks(tensor) by their sum, for the
+        observation statistics (RunningNorm)."""
         self.cfg = cfg
         self.average_gradients = average_gradients
         self.device = device
@@ -308,6 +316,9 @@ class Learner:
         # to read than a DictConfig's, which shows once optim.epochs x minibatches steps are small.
         self.vtrace_cfg = OmegaConf.to_object(cfg.vtrace) if OmegaConf.is_config(cfg.vtrace) else cfg.vtrace
         self.running_norms = [m for m in self.model.modules() if isinstance(m, (RunningNorm, ValueNorm))]
+        for norm in self.running_norms:
+            if isinstance(norm, RunningNorm):
+                norm.sum_over_ranks = sum_over_ranks
         self.value_norm: ValueNorm | None = getattr(self.model, "value_norm", None)
         # The targets and advantages of optim.minibatch_unit=steps: raw, standardised per minibatch.
         self._targets_cfg = dataclasses.replace(self.vtrace_cfg, normalize_advantages=False)

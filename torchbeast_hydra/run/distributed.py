@@ -1,13 +1,15 @@
 """Data-parallel learning on torch.distributed: N ranks, one learner each, the same weights on all.
 
 Each rank is a whole run of its own (its actors or poly server and env clients, its own batches,
-its own device) except for two collectives per update, made in the same order on every rank:
+its own device) except for the collectives of each update, made in the same order on every rank:
 
 1. `agree`: every rank's (agent steps, finished episodes' returns, whether a signal asked it to
    stop) reach every rank (one small exchange of JSON bytes), so every rank counts the same global
    step, rank 0 logs every rank's returns, and all ranks stop after the same update;
 2. `average_gradients`: after backward, one all_reduce of all gradients (and the loss terms)
-   flattened into one buffer, divided by N; each rank then takes the same optimiser step.
+   flattened into one buffer, divided by N; each rank then takes the same optimiser step;
+3. with `model.normalize_obs`, `sum_over_ranks` in each learner forward pass that updates the
+   observation statistics: the batches' moments, so every rank's statistics count every batch.
 
 So the effective batch is N x batch_size unrolls, and the gradient is the mean of the ranks'
 (each a sum over its batch, as with one rank): the learning rate stays that of one rank.
@@ -322,6 +324,10 @@ class Ranks:
             grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
             offset += grad.numel()
         figures.copy_(flat[offset:].view_as(figures))
+
+    def sum_over_ranks(self, tensor: torch.Tensor) -> None:
+        """Replaces `tensor` by its sum over the ranks, in place (the observation statistics' moments)."""
+        self._collective("summing observation statistics", lambda: dist.all_reduce(tensor))
 
     def agree(self, steps: int, returns: list, stop_signal: int | None, wants_stop: bool) -> Agreement:
         """The update's global figures and whether every rank stops now (any rank asked to)."""

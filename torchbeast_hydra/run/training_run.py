@@ -68,8 +68,13 @@ class TrainingRun:
         self.device = resolve_device(cfg.device)
         accel.apply_switches(cfg.accel)
         seed_everything(cfg.seed)  # before the model is built: its initial weights follow the seed
-        average = ranks.average_gradients if ranks is not None else None
-        self.learner = Learner(cfg, make_model(cfg.model, spec), self.device, average_gradients=average)
+        self.learner = Learner(
+            cfg,
+            make_model(cfg.model, spec),
+            self.device,
+            average_gradients=ranks.average_gradients if ranks is not None else None,
+            sum_over_ranks=ranks.sum_over_ranks if ranks is not None else None,
+        )
         self.lock = threading.Lock()  # guards the learner and stats between updates and saves
         self.stop_requested = threading.Event()
         # What a stop signal sets. With several ranks, all must stop after the same update: a signal
