@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from torchbeast_hydra.logs import report, runs, scores
+from torchbeast_hydra.logs import report, scores
+from torchbeast_hydra.logs.sweep_record import is_run_control
 from torchbeast_hydra.run.evaluate import EVAL_FIGURES
 
 from helpers import assert_real_image, run_command, write_run
@@ -100,7 +101,7 @@ def test_settings_leave_out_the_seed_and_logging_keys_but_keep_what_was_swept(tm
         write_job(tmp_path / str(job), "pong", "ALE/Pong-v5", seed, None, overrides, config)
     loaded = report.load_runs([tmp_path])
     assert [r.setting for r in loaded] == ["optim.learning_rate=0.001"] * 2 + ["optim.learning_rate=0.002"]
-    assert runs.ignored("logger.wandb.mode") and runs.ignored("hydra.run.dir") and not runs.ignored("loggers")
+    assert is_run_control("logger.wandb.mode") and is_run_control("hydra.run.dir") and not is_run_control("loggers")
 
 
 def test_runs_without_evaluations_use_the_training_return_or_are_left_out(sweep, tmp_path):

@@ -76,6 +76,25 @@ def test_a_later_command_on_a_sweep_dir_keeps_its_job_dirs_and_never_resumes_ano
     )
 
 
+def test_a_later_command_adding_a_key_that_changes_nothing_learned_resumes_the_same_jobs(tmp_path):
+    start_sweep(tmp_path, "env=pong", "seed=1,2,3", "total_steps=5000000")
+    assert job_subdir(["env=pong", "total_steps=5000000", "seed=3"], tmp_path, 2) == "seed=3"
+    # The same sweep again, now stopping at a target and logging offline: the same runs go on.
+    later = ["env=pong", "total_steps=5000000", "eval.stop_at_return=18", "logger.wandb.mode=offline"]
+    start_sweep(tmp_path, "seed=1,2,3", *later)
+    assert job_subdir([*later, "seed=3"], tmp_path, 2) == "seed=3"
+    assert job_subdir(["env=pong", "total_steps=5000000", "seed=3"], tmp_path, 2) == "seed=3"  # and without
+    # Another target again: recorded beside the first, so a job of either command keeps its dir.
+    start_sweep(tmp_path, "env=pong", "seed=3", "total_steps=5000000", "eval.stop_at_return=15")
+    assert job_subdir(["env=pong", "total_steps=5000000", "eval.stop_at_return=15", "seed=3"], tmp_path, 0) == "seed=3"
+    assert job_subdir([*later, "seed=3"], tmp_path, 0) == "seed=3"
+    # A key that changes what is learned still gets dirs of its own.
+    start_sweep(tmp_path, "env=pong", "seed=3", "total_steps=5000000", "vtrace.entropy_cost=0.02")
+    assert job_subdir(["env=pong", "total_steps=5000000", "vtrace.entropy_cost=0.02", "seed=3"], tmp_path, 0) == (
+        "seed=3,vtrace.entropy_cost=0.02"
+    )
+
+
 def test_job_dir_names_are_filesystem_safe(tmp_path):
     # No record of the sweep's command line: every override names the dir.
     assert job_subdir(["seed=1", "env=pong"], tmp_path, 3) == "env=pong,seed=1"

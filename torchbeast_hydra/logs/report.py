@@ -13,7 +13,8 @@ A report on runs and sweeps (run dirs and/or multirun dirs, several compared tog
 The score is the evaluation return (eval.csv's mean_return against step) when every run has one,
 else the training return (the mean of the last --window episodes at each logs.csv row); --metric
 picks one. A setting is what differs between a task's runs other than the seed and the keys that
-only say how a run logs or where it writes (runs.IGNORED_KEYS): seeds of one setting are aggregated.
+only say how a run logs, where it writes or when it stops (sweep_record.RUN_CONTROL_KEYS): seeds of
+one setting are aggregated.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import yaml
 from matplotlib.figure import Figure
 
 from torchbeast_hydra.logs import runs, scores
+from torchbeast_hydra.logs.sweep_record import is_run_control
 
 BASELINES = Path(__file__).with_name("baselines.yaml")
 DPI = 100
@@ -117,7 +119,7 @@ def _evaluations(run_dir: Path, test_dirs: list) -> Optional[pd.DataFrame]:
 
 def assign_settings(loaded: list) -> None:
     """Per task, the keys whose values differ between its runs (less the seed, the task's own keys
-    and runs.IGNORED_KEYS) label each run's setting, e.g. `optim.learning_rate=0.001`."""
+    and sweep_record.RUN_CONTROL_KEYS) label each run's setting, e.g. `optim.learning_rate=0.001`."""
     for task in tasks(loaded):
         group = [r for r in loaded if r.task == task]
         typed = {k for r in group for k in runs.read_overrides(r.dir)}
@@ -125,7 +127,7 @@ def assign_settings(loaded: list) -> None:
         keys = [
             k
             for k in runs.differing_keys(configs, typed=typed)
-            if k != runs.SEED and k not in TASK_KEYS and not runs.ignored(k)
+            if k != runs.SEED and k not in TASK_KEYS and not is_run_control(k)
         ]
         for run in group:
             label = ",".join(f"{k}={run.config[k]}" for k in keys if run.config.get(k) is not None)

@@ -26,6 +26,7 @@ import pandas as pd
 import yaml
 
 from torchbeast_hydra.logs.metrics import read_rows, recent_means
+from torchbeast_hydra.logs.sweep_record import is_run_control
 
 RETURN = "recent_return"
 SEED = "seed"
@@ -162,7 +163,7 @@ def load_runs(paths: str | Path | Iterable[str | Path], window: int = 100) -> pd
         frames.append(load_run(run_dir, name=name, window=window))
         configs.append({**read_overrides(run_dir), **read_config(run_dir), SEED: read_seed(run_dir)})
     typed = {k for f in frames for k in f.attrs["override_keys"]}
-    swept = [k for k in differing_keys(configs, typed=typed) if not ignored(k)]
+    swept = [k for k in differing_keys(configs, typed=typed) if not is_run_control(k)]
     setting_keys = [k for k in swept if k != SEED]
     # A column per swept key, with its value in each run (defaults included); a key that clashes
     # with a logged field gets an `override.`, as in load_run.
@@ -184,27 +185,6 @@ def load_runs(paths: str | Path | Iterable[str | Path], window: int = 100) -> pd
         df["setting"] = ALL_RUNS
     df.attrs.update(override_keys=keys, swept=swept, swept_keys=setting_keys, window=window)
     return df
-
-
-# Config keys that say how a run logs, where it writes or how it is reached, not what it learns:
-# runs that differ only in these are one setting. A trailing dot covers the keys under it.
-IGNORED_KEYS = (
-    "logger.",
-    "hydra.",
-    "checkpoint_interval_s",
-    "check_memory",
-    "load_dir",
-    "mode",
-    "test.record_video",
-    "eval.stop_at_return",  # when a run stops, not what it learns
-    "backend.token",
-    "backend.address",
-)
-
-
-def ignored(key: str) -> bool:
-    """A key that never tells two settings apart (IGNORED_KEYS)."""
-    return any(key.startswith(k) if k.endswith(".") else key == k for k in IGNORED_KEYS)
 
 
 def differing_keys(configs: list, typed: Iterable[str] = ()) -> list:

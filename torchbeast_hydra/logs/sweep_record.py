@@ -10,6 +10,28 @@ import yaml
 
 SWEEP_OVERRIDES_FILE = ".sweep_overrides.yaml"
 
+# Config keys that say how a run logs, where it writes, how it is reached or when it stops, not
+# what it learns: runs that differ only in these are one setting (the report aggregates them), and
+# a later command on a sweep dir that adds one resumes the same jobs. A trailing dot covers the
+# keys under it.
+RUN_CONTROL_KEYS = (
+    "logger.",
+    "hydra.",
+    "checkpoint_interval_s",
+    "check_memory",
+    "load_dir",
+    "mode",
+    "test.record_video",
+    "eval.stop_at_return",
+    "backend.token",
+    "backend.address",
+)
+
+
+def is_run_control(key: str) -> bool:
+    """A key that never tells two settings apart (RUN_CONTROL_KEYS)."""
+    return any(key.startswith(k) if k.endswith(".") else key == k for k in RUN_CONTROL_KEYS)
+
 
 def override_key(override: str) -> str:
     """`+optim.learning_rate=0.1` -> `optim.learning_rate`."""

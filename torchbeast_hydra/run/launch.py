@@ -38,7 +38,13 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from torchbeast_hydra.logs.sweep_record import SWEEP_OVERRIDES_FILE, fixed_overrides, is_fixed
+from torchbeast_hydra.logs.sweep_record import (
+    SWEEP_OVERRIDES_FILE,
+    fixed_overrides,
+    is_fixed,
+    is_run_control,
+    override_key,
+)
 
 log = logging.getLogger("torchbeast_hydra")
 
@@ -83,7 +89,9 @@ class RecordSweepOverrides(Callback):
     The first command of a sweep dir writes the record and later ones keep it, so a later command
     on the same dir (a subset of its jobs, `seed=3` alone) finds the same job dirs again, and one
     that fixes another value (`optim.learning_rate=0.01` where the sweep had 0.001) gets dirs of
-    its own instead of resuming runs of another config."""
+    its own instead of resuming runs of another config. A later command that fixes a key that
+    does not change what is learned (sweep_record.RUN_CONTROL_KEYS: `eval.stop_at_return=18`,
+    `logger.wandb.mode=offline`) adds it to the record instead: it resumes the same jobs."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -95,16 +103,28 @@ class RecordSweepOverrides(Callback):
             return
         fixed = [line for line, o in zip(typed, parsed) if not o.is_sweep_override()]
         sweep_dir = Path(str(config.hydra.sweep.dir))
+        record = sweep_dir / SWEEP_OVERRIDES_FILE
         recorded = fixed_overrides(sweep_dir)
         if recorded is None:
             sweep_dir.mkdir(parents=True, exist_ok=True)
-            OmegaConf.save(OmegaConf.create(dict(fixed=fixed, command_line=typed)), sweep_dir / SWEEP_OVERRIDES_FILE)
-        elif unrecorded := [o for o in fixed if not is_fixed(o, recorded)]:
+            OmegaConf.save(OmegaConf.create(dict(fixed=fixed, command_line=typed)), record)
+            return
+        unrecorded = [o for o in fixed if not is_fixed(o, recorded)]
+        run_control = [o for o in unrecorded if is_run_control(override_key(o))]
+        if run_control:  # appended, never replacing: a job of an earlier command keeps its dir's name
+            saved = OmegaConf.load(record)
+            saved.fixed = [*saved.fixed, *run_control]
+            OmegaConf.save(saved, record)
+            log.info(
+                "%s: what is learned stays the same; this command resumes the sweep's jobs.",
+                ", ".join(run_control),
+            )
+        if learning := [o for o in unrecorded if o not in run_control]:
             log.info(
                 "This sweep dir's job dirs are named as its first command named them (%s): "
                 "%s, fixed here but not there, will name this command's job dirs.",
-                sweep_dir / SWEEP_OVERRIDES_FILE,
-                ", ".join(unrecorded),
+                record,
+                ", ".join(learning),
             )
 
 
