@@ -653,6 +653,20 @@ def test_epochs_and_minibatches_take_that_many_steps_and_count_each_sample_once(
     assert stats["learning_rate"] == pytest.approx(cfg.optim.learning_rate * (1 - 12 / 1000))
 
 
+def test_minibatches_are_as_many_as_configured_when_they_do_not_divide_the_batch():
+    cfg = learner_cfg(batch_size=5, total_steps=1000)
+    cfg.optim.minibatches = 4
+    learner = make_learner(cfg)
+    sizes = []
+    original = learner._unroll_inputs
+    learner._unroll_inputs = lambda part, state, scale: (
+        sizes.append(part["done"].shape[1]) or original(part, state, scale)
+    )
+    learner.update(learner_batch(cfg), ())
+    assert sorted(sizes) == [1, 1, 1, 2]  # four optimiser steps, every column once
+    assert learner.optimizer.state_dict()["state"][0]["step"].item() == 4
+
+
 def test_minibatches_must_fit_the_batch():
     cfg = learner_cfg(batch_size=4)
     cfg.optim.minibatches = 5

@@ -261,13 +261,14 @@ def make_scheduler(cfg: OptimConfig, optimizer, steps_done, total_steps: int):
 
 def minibatches(batch: dict, core_state: tuple, count: int, shuffle: bool):
     """The batch (and the core state it starts from) split by columns, whole unrolls, into `count`
-    parts, in a random order when shuffle; count=1: the batch itself, uncopied."""
+    parts (their sizes differ by one at most), in a random order when shuffle; count=1: the batch
+    itself, uncopied."""
     if count == 1:
         yield batch, core_state
         return
     size, device = batch["done"].shape[1], batch["done"].device
     order = torch.randperm(size, device=device) if shuffle else torch.arange(size, device=device)
-    for columns in order.chunk(count):
+    for columns in order.tensor_split(count):  # not chunk(): 5 columns in 4 would make 3 parts
         yield {key: value[:, columns] for key, value in batch.items()}, tuple(s[:, columns] for s in core_state)
 
 
@@ -374,7 +375,7 @@ class Learner:
             whole = loss_inputs(self._targets_cfg, batch, outputs, self.model.dist)
         real = whole.mask.flatten().nonzero().flatten()
         order = real[torch.randperm(len(real), device=real.device)]
-        for steps in order.chunk(self.cfg.optim.minibatches):
+        for steps in order.tensor_split(min(self.cfg.optim.minibatches, len(order))):  # none empty
             yield partial(self._steps_inputs, batch, whole, steps)
 
     def _steps_inputs(self, batch: dict, whole: LossInputs, steps: torch.Tensor, value_scale) -> LossInputs:
