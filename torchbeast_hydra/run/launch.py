@@ -113,7 +113,7 @@ class RecordSweepOverrides(Callback):
         run_control = [o for o in unrecorded if is_run_control(override_key(o))]
         if run_control:  # appended, never replacing: a job of an earlier command keeps its dir's name
             saved = OmegaConf.load(record)
-            saved.fixed = [*saved.fixed, *run_control]
+            saved.fixed = [*(saved.get("fixed") or []), *run_control]
             OmegaConf.save(saved, record)
             log.info(
                 "%s: what is learned stays the same; this command resumes the sweep's jobs.",
