@@ -3,6 +3,7 @@ on envs whose seeds no training env has, a final one, and the sweeper's objectiv
 
 from __future__ import annotations
 
+import queue
 import time
 from types import SimpleNamespace
 
@@ -10,7 +11,7 @@ import pytest
 
 from torchbeast_hydra.__main__ import final_return
 from torchbeast_hydra.agent.models import make_model
-from torchbeast_hydra.logs.metrics import RecentReturns, read_rows
+from torchbeast_hydra.logs.metrics import RecentReturns, read_rows, target_met
 from torchbeast_hydra.run.evaluate import figures
 from torchbeast_hydra.run.periodic_eval import Evaluations
 from torchbeast_hydra.run.seeding import EVAL_SEED_BASE, actor_seed, eval_seed
@@ -149,16 +150,52 @@ def test_evaluations_are_written_while_training_goes_on(tmp_path, backend):
     assert any(row["step"] > periodic[0]["step"] for row in trained)
 
 
-def test_a_target_met_before_the_checkpoint_is_read_back_on_resume(tmp_path):
-    cfg, evals = evaluations(tmp_path, "eval.interval_steps=1000", "eval.stop_at_return=8")
-    for step, score in ((1000, 3.0), (2000, 9.0), (3000, 12.0)):
+def write_scores(evals, *scores):
+    for step, score in scores:
         evals._write(step, figures([score, score], [10, 10], 1.0), final=False)
+
+
+def test_a_target_counts_as_met_once_the_next_evaluations_confirm_it():
+    assert target_met([(1, 3.0), (2, 9.0), (3, 12.0)], 8, confirmations=0) == (2, 9.0)
+    assert target_met([(1, 3.0), (2, 9.0), (3, 12.0)], 8, confirmations=1) == (3, 12.0)
+    assert target_met([(1, 9.0), (2, 3.0), (3, 9.0), (4, 8.0)], 8, confirmations=1) == (4, 8.0)  # a miss restarts
+    assert target_met([(1, 9.0), (2, 3.0), (3, 9.0)], 8, confirmations=1) is None
+    assert target_met([], 8) is None
+
+
+def test_a_target_met_before_the_checkpoint_is_read_back_on_resume(tmp_path):
+    cfg, evals = evaluations(tmp_path, "eval.interval_steps=1000", "eval.stop_at_return=8", "eval.stop_confirmations=0")
+    write_scores(evals, (1000, 3.0), (2000, 9.0), (3000, 12.0))
     assert evals.target_reached == (2000, 9.0)  # the first that met it
     before = Evaluations(cfg, tmp_path, [], resume_step=1500)  # the checkpoint predates it: not met
     assert before.target_reached is None
     assert Evaluations(cfg, tmp_path, [], resume_step=2500).target_reached == (2000, 9.0)
     _, without = evaluations(tmp_path, "eval.interval_steps=1000")  # no target: never met
     assert without.target_reached is None
+
+
+def test_an_evaluation_that_meets_the_target_is_confirmed_by_the_next_at_once(tmp_path):
+    cfg, evals = evaluations(tmp_path, "eval.interval_steps=1000", "eval.stop_at_return=8")  # one confirmation
+    requested = []
+    evals._start_process = lambda: setattr(evals, "_process", "started")
+    evals._requests = SimpleNamespace(put=requested.append)
+    evals._results = queue.Queue()  # results come here by _write, as poll() would write them
+    evals.maybe_start(1000, lambda: "snapshot")
+    assert [step for step, _ in requested] == [1000]
+    evals._in_flight = None
+    write_scores(evals, (1000, 9.0))  # met, not yet confirmed: the next starts at once, not at 2000
+    assert evals.target_reached is None
+    evals.maybe_start(1100, lambda: "snapshot")
+    assert [step for step, _ in requested] == [1000, 1100]
+    evals._in_flight = None
+    write_scores(evals, (1100, 3.0))  # fell short: back to the interval
+    evals.maybe_start(1200, lambda: "snapshot")
+    assert len(requested) == 2 and evals.next_step == 2000
+    write_scores(evals, (2000, 9.0), (2100, 8.5))
+    assert evals.target_reached == (2100, 8.5)
+    # A checkpoint between the two: the resumed run confirms at once, as the run would have.
+    assert Evaluations(cfg, tmp_path, [], resume_step=2050)._confirming()
+    assert Evaluations(cfg, tmp_path, [], resume_step=2150).target_reached == (2100, 8.5)
 
 
 def test_a_target_without_evaluation_is_refused(tmp_path):

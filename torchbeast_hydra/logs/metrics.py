@@ -79,6 +79,18 @@ def recent_means(returns_per_row: Iterable[list], window: int = RECENT_EPISODES)
     return means
 
 
+def target_met(scores: Iterable[tuple[int, float]], target: float, confirmations: int = 0) -> tuple | None:
+    """(step, score) of the evaluation at which `target` counts as met: the first to reach it whose
+    `confirmations` evaluations before it all reached it too (eval.stop_confirmations); None if none.
+    scores: (step, mean return) of a run's evaluations in order (eval.csv's periodic rows)."""
+    streak = 0
+    for step, score in scores:
+        streak = streak + 1 if score >= target else 0
+        if streak > confirmations:
+            return step, score
+    return None
+
+
 def read_rows(path: str | os.PathLike) -> list[dict]:
     """The rows of a csv this package writes (logs.csv, eval.csv; a run dir means its logs.csv),
     as dicts: numbers parsed, blank cells None, episode_returns a list. A torn last row (the run

@@ -33,6 +33,7 @@ import yaml
 from matplotlib.figure import Figure
 
 from torchbeast_hydra.logs import runs, scores
+from torchbeast_hydra.logs.metrics import target_met
 from torchbeast_hydra.logs.sweep_record import is_run_control
 
 BASELINES = Path(__file__).with_name("baselines.yaml")
@@ -180,10 +181,14 @@ def curve(run: Run, metric: str) -> tuple:
 
 
 def met_stop_target(run: Run) -> bool:
-    """Whether the run ended complete on an evaluation that met its eval.stop_at_return."""
+    """Whether the run ended complete on evaluations that met its eval.stop_at_return."""
     stop_at = run.config.get("eval.stop_at_return")
     own = runs.load_eval(run.dir) if stop_at is not None else None  # not mode=test's evaluations
-    return own is not None and bool((own["mean_return"] >= stop_at).any())
+    if own is None:
+        return False
+    periodic = own[own["final"].ne(True)] if "final" in own else own  # the final evaluation counts not
+    confirmations = run.config.get("eval.stop_confirmations", 0)  # runs from before the option: none
+    return target_met(zip(periodic["step"], periodic["mean_return"]), stop_at, confirmations) is not None
 
 
 def summarise(run: Run, metric: str, target: Optional[float]) -> dict:

@@ -23,6 +23,7 @@ RUN_CONTROL_KEYS = (
     "mode",
     "test.record_video",
     "eval.stop_at_return",
+    "eval.stop_confirmations",
     "backend.token",
     "backend.address",
 )

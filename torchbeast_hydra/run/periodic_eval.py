@@ -10,8 +10,10 @@ evaluation is played in the learner process (when evaluation is on).
 Rows go to RUN_DIR/eval.csv (mode=test's columns, plus `final`) and, as eval/*, to wandb and
 TensorBoard. A failing evaluation logs one warning and turns evaluation off; training goes on.
 
-With `eval.stop_at_return`, the first evaluation whose mean return reaches it completes the run
-(`target_reached`): read back from eval.csv on resume, so a resumed run that met it stays complete.
+With `eval.stop_at_return`, an evaluation whose mean return reaches it completes the run
+(`target_reached`) once `eval.stop_confirmations` more have reached it too, each started as soon as
+the one before it ends (a new snapshot); one that falls short starts the count again. It is read
+back from eval.csv on resume, so a resumed run that met it stays complete.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch.multiprocessing as mp
 
 from torchbeast_hydra.agent.models import make_model
 from torchbeast_hydra.env.vector import Environments
-from torchbeast_hydra.logs.metrics import CsvLog, read_rows
+from torchbeast_hydra.logs.metrics import CsvLog, read_rows, target_met
 from torchbeast_hydra.run.evaluate import EVAL_FIGURES, figures, play, protocol, with_test_protocol
 from torchbeast_hydra.run.seeding import eval_seed
 from torchbeast_hydra.run.settings import to_plain_dict
@@ -107,11 +109,14 @@ class Evaluations:
         self.last_periodic_step = cfg.total_steps - 1 if self.settings.final else cfg.total_steps
         self._process = None
         self._in_flight: int | None = None
-        # (step, mean return) of the first evaluation that met eval.stop_at_return, before the checkpoint.
+        # With eval.stop_at_return: the periodic evaluations' (step, mean return) up to the checkpoint
+        # (eval.csv is read only when there is a target), and the one at which the target counts as met.
+        self._periodic: list[tuple[int, float]] = []
         self.target_reached: tuple[int, float] | None = None
-        if self.settings.stop_at_return is not None:  # eval.csv is read only when there is a target
-            met = [(step, score) for step, score, _ in self.scores() if self._meets_target(score)]
-            self.target_reached = next((m for m in met if m[0] <= resume_step), None)
+        if self.settings.stop_at_return is not None:
+            for step, score, final in self.scores():
+                if not final and step <= resume_step:
+                    self._count(step, score)
 
     def maybe_start(self, step: int, snapshot) -> None:
         """Called between updates: reports finished evaluations, and sends snapshot() (the current
@@ -121,7 +126,7 @@ class Evaluations:
         if self.next_step is not None and self._process is None:
             self._start_process()  # at the first call: spawning and importing take seconds
         self.poll()
-        if self.next_step is None or step < self.next_step:
+        if self.next_step is None or (step < self.next_step and not self._confirming()):
             return
         interval = self.settings.interval_steps
         self.next_step = (step // interval + 1) * interval
@@ -192,8 +197,8 @@ class Evaluations:
         csv.write(row)
         csv.close()
         self.resume_step = None  # rows past the checkpoint were dropped once, when the first row came
-        if self.target_reached is None and self._meets_target(row["mean_return"]):
-            self.target_reached = (step, row["mean_return"])
+        if not final:
+            self._count(step, row["mean_return"])
         for sink in self.sinks:
             sink.log_eval({key: row[key] for key in ("step", *EVAL_FIGURES)})
         log.info(
@@ -206,9 +211,20 @@ class Evaluations:
         )
         return row
 
-    def _meets_target(self, score: float) -> bool:
+    def _count(self, step: int, score: float) -> None:
+        """A periodic evaluation's result towards eval.stop_at_return."""
         target = self.settings.stop_at_return
-        return target is not None and score >= target
+        if target is None or self.target_reached is not None:
+            return
+        self._periodic.append((step, score))
+        self.target_reached = target_met(self._periodic, target, self.settings.stop_confirmations)
+        if self._confirming():
+            log.info("Evaluation at step %d met eval.stop_at_return (%.2f): confirming with the next.", step, score)
+
+    def _confirming(self) -> bool:
+        """The last evaluation met the target, which is not yet confirmed: the next starts at once."""
+        target = self.settings.stop_at_return
+        return self.target_reached is None and bool(self._periodic) and self._periodic[-1][1] >= target
 
     def _has_final(self, step: int) -> bool:
         """A run resumed at its end has had its final evaluation already."""

@@ -50,6 +50,9 @@ class EvalConfig:
     # Training ends, complete as at total_steps, once an evaluation's mean return reaches this (a
     # target met: the rest of the budget is not spent). null: train to total_steps.
     stop_at_return: Optional[float] = None
+    # ... and the next this many evaluations (each started as soon as the one before ends) reach it
+    # too: one lucky evaluation of a policy still learning does not end the run. 0: the first.
+    stop_confirmations: int = 1
 
 
 class DistBackend(enum.Enum):
@@ -99,6 +102,7 @@ def check(cfg) -> None:
         f"eval.stop_at_return={cfg.eval.stop_at_return} stops at an evaluation's return: set eval.interval_steps "
         "(e.g. eval.interval_steps=100000) or leave it null.",
     )
+    require(cfg.eval.stop_confirmations >= 0, "eval.stop_confirmations must be >= 0 (0: stop at the first evaluation).")
     require(cfg.distributed.nproc >= 1, f"distributed.nproc={cfg.distributed.nproc} must be at least 1.")
     require(cfg.distributed.timeout_s > 0, "distributed.timeout_s must be positive.")
     test = cfg.test
