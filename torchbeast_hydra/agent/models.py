@@ -187,8 +187,9 @@ class RunningNorm(nn.Module):
         sums = torch.cat([centred.new_tensor([x.shape[0]]), centred.sum(0), centred.pow(2).sum(0)])
         if self.sum_over_ranks is not None:
             self.sum_over_ranks(sums)
-        n, offset, square = sums[0], sums[1 : 1 + x.shape[1]] / sums[0], sums[1 + x.shape[1] :] / sums[0]
-        var = (square - offset.pow(2)).clamp(min=0)  # the batch's, and offset its mean's from the running one
+        n, (first, second) = sums[0], sums[1:].split(x.shape[1])
+        offset = first / n  # the batch's mean less the running one
+        var = (second / n - offset.pow(2)).clamp(min=0)  # the batch's
         total = self.count + n
         self.var.copy_((self.var * self.count + var * n + offset.pow(2) * self.count * n / total) / total)
         self.mean.add_(offset * n / total)

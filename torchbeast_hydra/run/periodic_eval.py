@@ -199,6 +199,8 @@ class Evaluations:
         self.resume_step = None  # rows past the checkpoint were dropped once, when the first row came
         if not final:
             self._count(step, row["mean_return"])
+            if self._confirming():
+                log.info("Evaluation at step %d met eval.stop_at_return: confirming with the next.", step)
         for sink in self.sinks:
             sink.log_eval({key: row[key] for key in ("step", *EVAL_FIGURES)})
         log.info(
@@ -212,14 +214,12 @@ class Evaluations:
         return row
 
     def _count(self, step: int, score: float) -> None:
-        """A periodic evaluation's result towards eval.stop_at_return."""
+        """A periodic evaluation's result towards eval.stop_at_return (live, or read back on resume)."""
         target = self.settings.stop_at_return
         if target is None or self.target_reached is not None:
             return
         self._periodic.append((step, score))
         self.target_reached = target_met(self._periodic, target, self.settings.stop_confirmations)
-        if self._confirming():
-            log.info("Evaluation at step %d met eval.stop_at_return (%.2f): confirming with the next.", step, score)
 
     def _confirming(self) -> bool:
         """The last evaluation met the target, which is not yet confirmed: the next starts at once."""
