@@ -225,3 +225,21 @@ def test_test_mode_evaluations_of_a_sweep_are_read_with_the_runs_they_played(tmp
         tasks = pd.read_csv(written["tasks_csv"]).set_index("task")
         assert tasks.loc["ALE/Pong-v5", "seeds"] == 2
         assert tasks.loc["ALE/Pong-v5", "final"] == pytest.approx((14.6 - 3.05) / 2)
+
+
+def test_a_seed_stopped_at_its_target_holds_its_last_score_in_the_mean(tmp_path):
+    def curves(sweep, first_seed_evals):
+        # Seed 1 stopped at step 2,000 (target 8); seed 2 played on to 3,000 at 0.
+        for seed, evals in ((1, first_seed_evals), (2, [0.0, 0.0, 0.0])):
+            config = dict(total_steps=3000, eval=dict(stop_at_return=8.0))
+            write_job(sweep / str(seed), "pong", "ALE/Pong-v5", seed, evals, ["eval.stop_at_return=8.0"], config)
+        runs = sorted(report.load_runs([sweep]), key=lambda r: r.seed)
+        return report.seed_curves(runs, "eval")
+
+    grid, each, held = curves(tmp_path / "met", [0.0, 9.0])
+    assert list(grid) == STEPS
+    assert pd.isna(each[0, 2]) and each[0, 1] == 9.0  # its own curve ends where it stopped
+    assert list(held[0]) == [0.0, 9.0, 9.0] and list(held[1]) == [0.0, 0.0, 0.0]
+    # One that stopped short of a target it never met did not finish: it is not held.
+    _, _, held = curves(tmp_path / "missed", [0.0, 7.0])
+    assert pd.isna(held[0, 2])

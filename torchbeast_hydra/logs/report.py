@@ -297,12 +297,12 @@ def curve_figure(task: str, task_runs: list, metric: str, baseline: Optional[Bas
     for i, setting in enumerate(settings(task_runs)):
         color = f"C{i % 10}"
         members = [r for r in task_runs if r.setting == setting]
-        grid, matrix = _on_one_grid([curve(r, metric) for r in members])
+        grid, matrix, held = seed_curves(members, metric)
         if not len(grid):
             continue
         for values in matrix:
             ax.plot(grid, values, color=color, linewidth=0.7, alpha=0.5)
-        mean, low, high = scores.mean_band(matrix, reps=reps, seed=seed)
+        mean, low, high = scores.mean_band(held, reps=reps, seed=seed)
         label = f"{setting} ({len(members)} seed{'s' * (len(members) != 1)})"
         ax.plot(grid, mean, color=color, linewidth=2.0, label=label)
         ax.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0)
@@ -315,6 +315,20 @@ def curve_figure(task: str, task_runs: list, metric: str, baseline: Optional[Bas
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     return fig
+
+
+def seed_curves(runs: list, metric: str) -> tuple:
+    """(steps, each run's curve, the curves the mean is taken over) on one grid. A run that stopped
+    at its evaluation target holds its last score in the mean from there on: it finished, and
+    dropping it would bend the mean down (or up) where it left, showing a change no policy made."""
+    runs = [r for r in runs if len(curve(r, metric)[0])]
+    grid, matrix = _on_one_grid([curve(r, metric) for r in runs])
+    held = matrix.copy()
+    for row, run in zip(held, runs):
+        last = np.flatnonzero(~np.isnan(row))[-1]
+        if met_stop_target(run):
+            row[last + 1 :] = row[last]
+    return grid, matrix, held
 
 
 def _on_one_grid(curves: list) -> tuple:
@@ -466,10 +480,12 @@ def render_markdown(
         lines.append(
             f"Only {with_evals} of {len(loaded)} runs have an eval.csv, so none is used (--metric eval: those)."
         )
-    lines.append(
+    lines += [
         "Per task, final and best: the mean over seeds [95% interval]; steps to target: the median over the "
-        "seeds that reached it; training time: logs.csv's time_s (across resumes); steps/s: steps / training time."
-    )
+        "seeds that reached it; training time: logs.csv's time_s (across resumes); steps/s: steps / training time.",
+        "Curves: each seed thin, the mean over seeds bold with its 95% band; a seed that stopped at its evaluation "
+        "target holds its last score in the mean.",
+    ]
     for task in tasks(loaded):
         lines += ["", f"## {task}", "", f"![{task}]({written[f'curve:{task}'].name})", ""]
         lines += _task_markdown(table[table["task"] == task], _target(options.targets, task))
