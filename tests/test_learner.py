@@ -856,6 +856,23 @@ def test_minibatches_of_steps_cover_each_real_step_once_per_pass():
     assert learner.model.body.normalize.count.item() == len(real)  # the first pass's steps, once each
 
 
+def test_a_batch_of_fewer_real_steps_than_minibatches_still_takes_that_many_steps():
+    """With several ranks each optimiser step is a collective: every batch must take optim.minibatches."""
+    cfg = steps_cfg(minibatches=8)
+    learner = make_learner(cfg)
+    batch = learner_batch(cfg)
+    batch["mask"][:] = False
+    batch["mask"][1:4, 0] = True  # three real steps, the rest padding
+    seen = []
+    original = learner._steps_inputs
+    learner._steps_inputs = lambda b, whole, steps, scale: (
+        seen.append(steps.tolist()) or original(b, whole, steps, scale)
+    )
+    learner.update(batch, ())
+    assert len(seen) == 8 and learner.optimizer.state_dict()["state"][0]["step"].item() == 8
+    assert sorted({step for part in seen for step in part}) == [0, 4, 8]  # each real step, none of the padding
+
+
 def test_minibatches_of_steps_need_a_feed_forward_model_and_fit_the_batch():
     cfg = steps_cfg(minibatches=21)
     with pytest.raises(ConfigError, match="optim.minibatches=21 must be between 1 and the batch's 20 steps"):

@@ -373,9 +373,14 @@ class Learner:
             outputs, _ = self.forward(batch, initial_core_state, action="none")
             outputs = {key: value.float() for key, value in outputs.items()}
             whole = loss_inputs(self._targets_cfg, batch, outputs, self.model.dist)
+        count = self.cfg.optim.minibatches
         real = whole.mask.flatten().nonzero().flatten()
         order = real[torch.randperm(len(real), device=real.device)]
-        for steps in order.tensor_split(min(self.cfg.optim.minibatches, len(order))):  # none empty
+        if 0 < len(order) < count:
+            # Mostly padding (partial rollouts): some steps twice, so that every batch takes `count`
+            # optimiser steps; with several ranks their gradient all_reduces must pair up.
+            order = order.repeat(-(-count // len(order)))[:count]
+        for steps in order.tensor_split(count):
             yield partial(self._steps_inputs, batch, whole, steps)
 
     def _steps_inputs(self, batch: dict, whole: LossInputs, steps: torch.Tensor, value_scale) -> LossInputs:
