@@ -834,6 +834,16 @@ def test_one_minibatch_of_steps_learns_what_one_of_whole_unrolls_does(ppo):
         torch.testing.assert_close(a, b)
 
 
+def record_minibatches_of_steps(learner) -> list:
+    """The flat step indices of each minibatch the learner takes, appended as it takes them."""
+    seen = []
+    original = learner._steps_inputs
+    learner._steps_inputs = lambda b, whole, steps, scale: (
+        seen.append(steps.tolist()) or original(b, whole, steps, scale)
+    )
+    return seen
+
+
 def test_minibatches_of_steps_cover_each_real_step_once_per_pass():
     cfg = steps_cfg(epochs=2, minibatches=3)
     cfg.model.normalize_obs = True
@@ -841,11 +851,7 @@ def test_minibatches_of_steps_cover_each_real_step_once_per_pass():
     batch = learner_batch(cfg)
     batch["mask"][3:, 2] = False  # column 2: two real steps, then padding
     batch["frame"][..., 0] = torch.arange(6 * 4, dtype=torch.float32).view(6, 4)  # each input row's own id
-    seen = []
-    original = learner._steps_inputs
-    learner._steps_inputs = lambda b, whole, steps, scale: (
-        seen.append(steps.tolist()) or original(b, whole, steps, scale)
-    )
+    seen = record_minibatches_of_steps(learner)
     learner.update(batch, ())
     assert len(seen) == 6 and learner.optimizer.state_dict()["state"][0]["step"].item() == 6
     real = sorted(t * 4 + b for t in range(5) for b in range(4) if not (b == 2 and t >= 2))
@@ -863,11 +869,7 @@ def test_a_batch_of_fewer_real_steps_than_minibatches_still_takes_that_many_step
     batch = learner_batch(cfg)
     batch["mask"][:] = False
     batch["mask"][1:4, 0] = True  # three real steps, the rest padding
-    seen = []
-    original = learner._steps_inputs
-    learner._steps_inputs = lambda b, whole, steps, scale: (
-        seen.append(steps.tolist()) or original(b, whole, steps, scale)
-    )
+    seen = record_minibatches_of_steps(learner)
     learner.update(batch, ())
     assert len(seen) == 8 and learner.optimizer.state_dict()["state"][0]["step"].item() == 8
     assert sorted({step for part in seen for step in part}) == [0, 4, 8]  # each real step, none of the padding
