@@ -1,13 +1,14 @@
 """The report command: per-task curves and tables, normalised aggregates, from runs written as training writes them."""
 
 import csv
+import dataclasses
 import sys
 
 import pandas as pd
 import pytest
 import yaml
 
-from torchbeast_hydra.logs import report, scores
+from torchbeast_hydra.logs import report, runs, scores
 from torchbeast_hydra.logs.sweep_record import is_run_control
 from torchbeast_hydra.run.evaluate import EVAL_FIGURES
 
@@ -182,11 +183,12 @@ def test_the_packaged_baselines_say_where_each_number_was_read():
 
 
 def test_the_command_writes_the_report(sweep, tmp_path):
-    result = run_command(
-        [sys.executable, "-m", "torchbeast_hydra.logs.report", sweep, "--target", "0", "--reps", "200"], timeout=180
-    )
-    assert result.returncode == 0, result.stderr
-    assert "## HalfCheetah-v5" in result.stdout and f"wrote {sweep / 'report' / 'report.md'}" in result.stdout
+    command = [sys.executable, "-m", "torchbeast_hydra.logs.report", sweep, "--target", "0", "--reps", "200"]
+    for _ in range(2):  # the second reads the sweep again, not the copies the first kept under it
+        result = run_command([*command, "--keep-runs"], timeout=180)
+        assert result.returncode == 0, result.stderr
+        assert "## HalfCheetah-v5" in result.stdout and f"wrote {sweep / 'report' / 'report.md'}" in result.stdout
+        assert "4 runs in" in result.stdout and (sweep / "report" / "runs" / "3" / "logs.csv").exists()
     assert (sweep / "report" / "performance_profile.png").exists()
     bad = run_command([sys.executable, "-m", "torchbeast_hydra.logs.report", tmp_path / "nothing"], timeout=180)
     assert bad.returncode == 2 and "is not a directory" in bad.stderr
@@ -243,3 +245,28 @@ def test_a_seed_stopped_at_its_target_holds_its_last_score_in_the_mean(tmp_path)
     # One that stopped short of a target it never met did not finish: it is not held.
     _, _, held = curves(tmp_path / "missed", [0.0, 7.0])
     assert pd.isna(held[0, 2])
+
+
+def test_a_report_keeps_its_runs_and_is_drawn_again_from_them_alone(sweep, tmp_path):
+    tested = tmp_path / "test" / "0"  # a mode=test evaluation of job 0 goes along with it
+    tested.mkdir(parents=True)
+    (tested / "trained_run").symlink_to(sweep / "0")
+    row = dict(step=4000, episodes=10, mean_return=21.0, std_return=0.0, min_return=21.0, max_return=21.0)
+    row.update(mean_length=1.0, seconds=1.0, greedy=True, seed=1)
+    with open(tested / "eval.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, list(row))
+        writer.writeheader()
+        writer.writerow(row)
+    options = report.Options(targets={"": 1.0}, reps=200, keep_runs=True)
+    first = report.write_report([sweep, tmp_path / "test"], tmp_path / "out", options)
+    kept = tmp_path / "out" / "runs"
+    with open(kept / "multirun" / "0" / "logs.csv", newline="") as f:
+        assert csv.DictReader(f).fieldnames == list(runs.REPORT_COLUMNS)  # the columns read, no more
+    assert "`python -m torchbeast_hydra.logs.report runs --out . --target 1 --reps 200`, run in this dir" in (
+        first["report"].read_text()
+    )
+    again = report.write_report([kept], tmp_path / "again", dataclasses.replace(options, keep_runs=False))
+    for name in ("tasks_csv", "aggregates_csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(first[name]), pd.read_csv(again[name]))
+    best = pd.read_csv(again["tasks_csv"]).set_index("task").loc["ALE/Pong-v5", "best"]
+    assert best == pytest.approx((21.0 - 3.05) / 2)  # seed 1's test-mode evaluation came along

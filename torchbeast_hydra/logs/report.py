@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,7 @@ class Run:
     train: pd.DataFrame  # runs.load_run: logs.csv rows with recent_return
     evals: Optional[pd.DataFrame]  # runs.load_eval: eval.csv rows, or None
     setting: str = ALL_RUNS
+    tests: list = field(default_factory=list)  # mode=test dirs that played it (evals has theirs)
 
 
 @dataclass
@@ -104,6 +106,7 @@ def load_runs(paths: Sequence[str | Path], window: int = 100) -> list:
                 config=config,
                 train=runs.load_run(resolved, name=name, window=window),
                 evals=_evaluations(resolved, tested.get(resolved, [])),
+                tests=tested.get(resolved, []),
             )
         )
     assign_settings(loaded)
@@ -396,6 +399,7 @@ class Options:
     reps: int = scores.DEFAULT_REPS
     seed: int = 0
     baselines: Path = BASELINES
+    keep_runs: bool = False  # copy what the report reads of each run to OUT/runs (runs.copy_run)
 
 
 def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Optional[Options] = None) -> dict:
@@ -419,6 +423,8 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = {}
+    if options.keep_runs:
+        written["runs"] = keep_runs(loaded, out_dir / KEPT_RUNS)
     for task in tasks(loaded):
         task_runs = [r for r in loaded if r.task == task]
         fig = curve_figure(task, task_runs, metric, baselines.get(task), options.reps, options.seed)
@@ -438,6 +444,26 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
     written["report"] = out_dir / "report.md"
     written["report"].write_text(markdown)
     return written
+
+
+KEPT_RUNS = "runs"
+
+
+def keep_runs(loaded: list, kept: Path) -> Path:
+    """Copies what the report reads of each run under kept (named as in the report), replacing an
+    earlier copy; a report drawn from kept runs (all of them under kept) keeps them as they are."""
+    kept = kept.resolve()
+    if all(r.dir.is_relative_to(kept) for r in loaded):
+        return kept
+    if any(r.dir.is_relative_to(kept) for r in loaded):
+        raise ValueError(f"some runs are under {kept} and some are not: draw from the others, or --out elsewhere")
+    shutil.rmtree(kept, ignore_errors=True)
+    kept.mkdir(parents=True)
+    (kept / runs.KEPT_MARKER).write_text("copies of runs that a report was drawn from (report --keep-runs)\n")
+    for run in loaded:
+        name = Path(run.name)
+        runs.copy_run(run.dir, kept / (name.relative_to(name.anchor) if name.is_absolute() else name), run.tests)
+    return kept
 
 
 def _target(targets: dict, task: str) -> Optional[float]:
@@ -471,6 +497,11 @@ def render_markdown(
         f"Intervals: {scores.CONFIDENCE:.0%}, percentile bootstrap over seeds ({options.reps:,} replicates, "
         f"seed {options.seed}); across tasks, stratified (each task's runs resampled on their own).",
     ]
+    if "runs" in written:
+        lines.append(
+            f"The runs' logs are kept in {KEPT_RUNS}/ (what this report reads of them): `{_redraw_command(options)}`, "
+            "run in this dir, draws it again."
+        )
     if missing:
         lines.append(f"Left out, no eval.csv: {', '.join(missing)}.")
     if unfinished:
@@ -493,6 +524,21 @@ def render_markdown(
     lines += ["", "## Across tasks (normalised final scores)", ""]
     lines += _aggregate_markdown(aggregates, used, left_out, written)
     return "\n".join(lines) + "\n"
+
+
+def _redraw_command(options: Options) -> str:
+    """The command that draws this report again from its kept runs, with the options that shape it."""
+    words = ["python -m torchbeast_hydra.logs.report", KEPT_RUNS, "--out ."]
+    words += [f"--target {f'{task}=' if task else ''}{value:g}" for task, value in options.targets.items()]
+    if options.metric != "auto":
+        words.append(f"--metric {options.metric}")
+    defaults = Options()
+    words += [
+        f"--{name} {getattr(options, name)}"
+        for name in ("window", "reps", "seed")
+        if getattr(options, name) != getattr(defaults, name)
+    ]
+    return " ".join(words)
 
 
 def _task_markdown(rows: pd.DataFrame, target: Optional[float]) -> list:
@@ -636,6 +682,12 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--baselines", type=Path, default=BASELINES, help="the reference scores (default: the packaged baselines.yaml)"
     )
+    parser.add_argument(
+        "--keep-runs",
+        action="store_true",
+        help="copy what the report reads of each run (config, evaluations, logs.csv's returns) to OUT/runs, "
+        "so that it can be drawn again from there (e.g. for a report kept under version control)",
+    )
     args = parser.parse_args(argv)
 
     try:
@@ -645,9 +697,9 @@ def main(argv=None) -> int:
     try:
         paths = [Path(p) for p in args.paths] or [runs.latest_runs_dir()]
         out_dir = Path(args.out) if args.out else _default_out(paths)
-        options = Options(args.metric, targets, args.window, args.reps, args.seed, args.baselines)
+        options = Options(args.metric, targets, args.window, args.reps, args.seed, args.baselines, args.keep_runs)
         written = write_report(paths, out_dir, options)
-    except FileNotFoundError as error:
+    except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(written["report"].read_text())

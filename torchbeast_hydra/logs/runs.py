@@ -16,8 +16,10 @@ What was swept is read from the runs themselves: the config keys (and config gro
 
 from __future__ import annotations
 
+import csv
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -38,8 +40,21 @@ def find_runs(path: str | Path) -> list:
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is not a directory")
-    found = [p.parent for p in path.rglob("logs.csv") if "wandb" not in p.relative_to(path).parts]
+    found = [p.parent for p in _files_under(path, "logs.csv")]
     return sorted(found, key=lambda p: _natural_key(str(p.relative_to(path))))
+
+
+def _files_under(path: Path, name: str) -> list:
+    """Files called name at or under path, but for wandb's copies and a report's kept runs (a
+    report under a sweep keeps copies of its runs there) unless path is in those copies itself."""
+    found = []
+    for file in path.rglob(name):
+        between = file.relative_to(path).parents  # dirs from file's up to path, path's own last
+        if "wandb" not in file.relative_to(path).parts and not any(
+            (path / d / KEPT_MARKER).exists() for d in list(between)[:-1]
+        ):
+            found.append(file)
+    return found
 
 
 # A test-mode run dir (mode=test) links to the run it played; its eval.csv measures that run.
@@ -49,11 +64,43 @@ TRAINED_RUN_LINK = "trained_run"
 def find_tested(path: str | Path) -> dict:
     """Test-mode results at or under path: {the trained run's dir (resolved): [test dirs]}."""
     found = {}
-    for csv_path in sorted(Path(path).rglob("eval.csv")):
+    for csv_path in sorted(_files_under(Path(path), "eval.csv")):
         link = csv_path.parent / TRAINED_RUN_LINK
         if link.exists() and (link.resolve() / "logs.csv").exists():
             found.setdefault(link.resolve(), []).append(csv_path.parent)
     return found
+
+
+# What a report reads of a run, which copy_run keeps: its config, its evaluations, and of logs.csv
+# only the columns read (a Pong run's whole log is megabytes, these a fraction of it).
+REPORT_FILES = (".hydra/config.yaml", ".hydra/overrides.yaml", ".hydra/hydra.yaml", "eval.csv")
+REPORT_COLUMNS = ("step", "time_s", "episode_returns")
+
+
+KEPT_MARKER = ".kept_runs"  # in a dir of copies made by copy_run: searches from above skip it
+
+
+def copy_run(run_dir: str | Path, dest: str | Path, tests: Iterable[str | Path] = ()) -> None:
+    """Copies what a report reads of a run to dest, so that the report can be drawn again from the
+    copy alone; tests: mode=test dirs that played it, whose evaluations go along (dest/tests/N)."""
+    run_dir, dest = Path(run_dir), Path(dest)
+    for name in REPORT_FILES:
+        if (run_dir / name).exists():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(run_dir / name, dest / name)
+    with open(run_dir / "logs.csv", newline="") as f, open(dest / "logs.csv", "w", newline="") as out:
+        rows = csv.DictReader(f)
+        writer = csv.DictWriter(out, [c for c in REPORT_COLUMNS if c in rows.fieldnames], extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            if None in row.values() or None in row:
+                break  # a torn last row: the run is still writing it
+            writer.writerow(row)
+    for i, test_dir in enumerate(tests):
+        kept = dest / "tests" / str(i)
+        kept.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(test_dir) / "eval.csv", kept / "eval.csv")
+        (kept / TRAINED_RUN_LINK).symlink_to(Path("..", ".."))  # the copy of the run it played
 
 
 def read_overrides(run_dir: str | Path) -> dict:
