@@ -72,7 +72,7 @@ def find_tested(path: str | Path) -> dict:
 
 
 # What a report reads of a run, which copy_run keeps: its config, its evaluations, and of logs.csv
-# only the columns read (a Pong run's whole log is megabytes, these a fraction of it).
+# only the columns read (about a tenth of a Pong run's whole log, which is megabytes).
 REPORT_FILES = (".hydra/config.yaml", ".hydra/overrides.yaml", ".hydra/hydra.yaml", "eval.csv")
 REPORT_COLUMNS = ("step", "time_s", "episode_returns")
 
