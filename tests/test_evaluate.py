@@ -9,6 +9,7 @@ import torch
 from torchbeast_hydra.env.settings import EnvConfig
 from torchbeast_hydra.env.vector import Environments
 from torchbeast_hydra.run.evaluate import _append_row, eval_env_config, play
+from torchbeast_hydra.run.seeding import eval_seed
 
 from helpers import compose_config, csv_dicts, run_cli
 
@@ -96,6 +97,7 @@ def test_test_mode_writes_into_its_own_run_dir(tiny_run, tiny_test_run):
     assert float(row["mean_return"]) > 0  # CartPole pays each step the pole stays up
     assert row["max_episode_steps"] == "27000" and row["greedy"] == "True"
     assert row["trained_run"] == str(tiny_run.resolve())
+    assert int(row["seed"]) == eval_seed(1)  # an evaluation env's seed (the default seed=1), no training env's
     # The summary goes through logging: to the console and to the test run's log file.
     summary = f"Mean return over 2 episodes: {float(row['mean_return']):.2f} ± "
     assert summary in result.stdout

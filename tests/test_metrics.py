@@ -1,6 +1,8 @@
 import csv
 
-from torchbeast_hydra.logs.metrics import CsvLog, Stats
+import pytest
+
+from torchbeast_hydra.logs.metrics import CsvLog, Stats, read_rows
 
 from helpers import csv_dicts
 
@@ -21,6 +23,20 @@ def test_resume_drops_rows_past_the_checkpoint(tmp_path):
     log.write(dict(step=30, sps=2.0))
     log.close()
     assert read_steps(path) == [10, 20, 30]
+
+
+@pytest.mark.parametrize("torn", ["200,2.5", "200,2.5,1"])  # too few cells; all of them, the last cut short
+def test_a_torn_last_line_is_dropped_before_the_next_row_is_appended(tmp_path, torn):
+    path, fields = tmp_path / "eval.csv", ["step", "mean_return", "episodes"]
+    log = CsvLog(path, resume_step=None, fields=fields)
+    log.write(dict(step=100, mean_return=1.0, episodes=10))
+    log.close()
+    with open(path, "a") as f:
+        f.write(torn)  # a process killed mid-row: no line end
+    log = CsvLog(path, resume_step=None, fields=fields)  # as mode=test appends a row
+    log.write(dict(step=300, mean_return=3.0, episodes=10))
+    log.close()
+    assert [(r["step"], r["mean_return"], r["episodes"]) for r in read_rows(path)] == [(100, 1.0, 10), (300, 3.0, 10)]
 
 
 def test_stats_rows_and_progress_line(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 
 from torchbeast_hydra.__main__ import final_return
 from torchbeast_hydra.agent.models import make_model
-from torchbeast_hydra.logs.metrics import RecentReturns, read_rows, target_met
+from torchbeast_hydra.logs.metrics import CsvLog, RecentReturns, read_rows, target_met
 from torchbeast_hydra.run.evaluate import figures
 from torchbeast_hydra.run.periodic_eval import Evaluations
 from torchbeast_hydra.run.seeding import EVAL_SEED_BASE, actor_seed, eval_seed
@@ -57,24 +57,27 @@ def test_evaluations_come_due_at_the_interval_and_are_skipped_while_one_plays(tm
     snapshot = weights_of(cfg)
     taken = []
 
-    def counted():
-        taken.append(1)
-        return snapshot()
+    def counted(step):  # the run's snapshot: the step it was taken at (here an update later) and the weights
+        def take():
+            taken.append(step)
+            return step + 10, snapshot()
+
+        return take
 
     try:
-        evals.maybe_start(999, counted)
+        evals.maybe_start(999, counted(999))
         assert not taken  # not due yet
-        evals.maybe_start(1000, counted)
-        evals.maybe_start(2000, counted)  # due, but the first still plays (its process is still starting)
-        assert len(taken) == 1 and evals.next_step == 3000
+        evals.maybe_start(1000, counted(1000))
+        evals.maybe_start(2000, counted(2000))  # due, but the first still plays (its process is still starting)
+        assert taken == [1000] and evals.next_step == 3000
         (row,) = wait_for_row(evals, 1)
-        assert row["step"] == 1000 and row["episodes"] == 2 and row["final"] is False
+        assert row["step"] == 1010 and row["episodes"] == 2 and row["final"] is False  # the snapshot's step
         assert row["seed"] == eval_seed(cfg.seed)
-        evals.maybe_start(3500, counted)  # due again: the next due step follows the step it came at
+        evals.maybe_start(3500, counted(3500))  # due again: the next due step follows the step it came at
         assert evals.next_step == 4000
         rows = wait_for_row(evals, 2)
-        assert [r["step"] for r in rows] == [1000, 3500]
-        assert [r["step"] for r in evals.sinks[0].rows] == [1000, 3500]
+        assert [r["step"] for r in rows] == [1010, 3510]
+        assert [r["step"] for r in evals.sinks[0].rows] == [1010, 3510]
         assert set(evals.sinks[0].rows[0]) >= {"step", "mean_return", "std_return", "episodes"}
     finally:
         evals.close()
@@ -97,7 +100,7 @@ def test_no_final_evaluation_when_evaluation_is_off(tmp_path):
 def test_a_failing_evaluation_turns_evaluation_off_and_training_goes_on(tmp_path):
     cfg, evals = evaluations(tmp_path, "eval.interval_steps=100", "total_steps=10000")
     try:
-        evals.maybe_start(100, lambda: {"not": "the model's weights"})
+        evals.maybe_start(100, lambda: (100, {"not": "the model's weights"}))
         deadline = time.monotonic() + 60
         while evals.next_step is not None and time.monotonic() < deadline:
             evals.poll()
@@ -167,9 +170,9 @@ def test_a_target_met_before_the_checkpoint_is_read_back_on_resume(tmp_path):
     cfg, evals = evaluations(tmp_path, "eval.interval_steps=1000", "eval.stop_at_return=8", "eval.stop_confirmations=0")
     write_scores(evals, (1000, 3.0), (2000, 9.0), (3000, 12.0))
     assert evals.target_reached == (2000, 9.0)  # the first that met it
+    assert Evaluations(cfg, tmp_path, [], resume_step=2500).target_reached == (2000, 9.0)
     before = Evaluations(cfg, tmp_path, [], resume_step=1500)  # the checkpoint predates it: not met
     assert before.target_reached is None
-    assert Evaluations(cfg, tmp_path, [], resume_step=2500).target_reached == (2000, 9.0)
     _, without = evaluations(tmp_path, "eval.interval_steps=1000")  # no target: never met
     assert without.target_reached is None
 
@@ -180,22 +183,36 @@ def test_an_evaluation_that_meets_the_target_is_confirmed_by_the_next_at_once(tm
     evals._start_process = lambda: setattr(evals, "_process", "started")
     evals._requests = SimpleNamespace(put=requested.append)
     evals._results = queue.Queue()  # results come here by _write, as poll() would write them
-    evals.maybe_start(1000, lambda: "snapshot")
+    evals.maybe_start(1000, lambda: (1000, "snapshot"))
     assert [step for step, _ in requested] == [1000]
     evals._in_flight = None
     write_scores(evals, (1000, 9.0))  # met, not yet confirmed: the next starts at once, not at 2000
     assert evals.target_reached is None
-    evals.maybe_start(1100, lambda: "snapshot")
+    evals.maybe_start(1100, lambda: (1100, "snapshot"))
     assert [step for step, _ in requested] == [1000, 1100]
     evals._in_flight = None
     write_scores(evals, (1100, 3.0))  # fell short: back to the interval
-    evals.maybe_start(1200, lambda: "snapshot")
+    evals.maybe_start(1200, lambda: (1200, "snapshot"))
     assert len(requested) == 2 and evals.next_step == 2000
     write_scores(evals, (2000, 9.0), (2100, 8.5))
     assert evals.target_reached == (2100, 8.5)
     # A checkpoint between the two: the resumed run confirms at once, as the run would have.
-    assert Evaluations(cfg, tmp_path, [], resume_step=2050)._confirming()
     assert Evaluations(cfg, tmp_path, [], resume_step=2150).target_reached == (2100, 8.5)
+    assert Evaluations(cfg, tmp_path, [], resume_step=2050)._confirming()
+
+
+def test_a_resumed_run_drops_evaluations_past_its_checkpoint_at_once_and_counts_only_its_own(tmp_path):
+    cfg, evals = evaluations(tmp_path, "eval.interval_steps=1000", "eval.stop_at_return=8", "eval.stop_confirmations=0")
+    write_scores(evals, (1000, 3.0), (2000, 9.0))  # 2,000: played by an attempt that died before its checkpoint
+    resumed = Evaluations(cfg, tmp_path, [], resume_step=1500)
+    assert [row["step"] for row in read_rows(resumed.path)] == [1000]  # before any evaluation of its own
+    assert resumed.target_reached is None
+    # A mode=test row written into the run's eval.csv (no `final`) is not one of its evaluations.
+    test_mode = CsvLog(resumed.path, resume_step=None, fields=["step", "mean_return"])
+    test_mode.write(dict(step=1500, mean_return=9.0))
+    test_mode.close()
+    assert resumed.scores() == [(1000, 3.0, False)]
+    assert Evaluations(cfg, tmp_path, [], resume_step=1500).target_reached is None
 
 
 def test_a_target_without_evaluation_is_refused(tmp_path):

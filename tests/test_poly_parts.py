@@ -149,6 +149,7 @@ def test_step_round_trip():
         (b"", "expected a step, got an empty message"),
         (wire.encode_step(env_outputs(last_action=3)), "outside the action space"),
         (wire.encode_step(env_outputs(reward=math.nan)), "must be finite"),
+        (wire.encode_step(env_outputs(reward=1e25)), "reward beyond \\+-1e\\+09 for envs \\[0, 1\\]"),
         (
             wire.encode_step(dict(env_outputs(), frame=np.array([[0, 0, 0, 0], [0, math.inf, 0, 0]], np.float32))),
             "frame has non-finite values \\(NaN/inf\\) for envs \\[1\\]",
@@ -439,3 +440,25 @@ def test_put_waits_while_the_queue_is_full_and_not_once_stopping():
     stopping.set()
     rollouts.put(*chunk(4, 2), stopping)  # returns at once, dropping the chunk: the run is over
     assert rollouts.qsize() == 3
+
+
+def test_a_client_whose_learner_is_gone_for_good_gives_up_after_connect_timeout_s():
+    from torchbeast_hydra.backends.poly.client import UNREACHABLE, Connection, EnvClient
+    from torchbeast_hydra.env.settings import EnvConfig
+
+    client = EnvClient(EnvConfig(id="CartPole-v1"), Connection("127.0.0.1:1", "token", 0.5, 1 << 20), num_envs=1)
+    sessions = []
+
+    def session():  # served once, then the learner is gone: every later attempt finds no one
+        sessions.append(time.monotonic())
+        client.welcomed = len(sessions) == 1  # as _session and _serve set it
+        client.outputs = client.outputs or {"obs": "the envs' last outputs, kept across sessions"}
+        raise ConnectionError("the learner closed the stream" if len(sessions) == 1 else "cannot connect")
+
+    client._session = session
+    done = []
+    thread = threading.Thread(target=lambda: done.append(client.run()), daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    assert done == [UNREACHABLE], f"still retrying after {len(sessions)} attempts"
+    assert sessions[-1] - sessions[0] < 3  # the wait restarted once, when the served session was lost

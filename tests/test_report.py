@@ -4,6 +4,7 @@ import csv
 import dataclasses
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -115,8 +116,26 @@ def test_runs_without_evaluations_use_the_training_return_or_are_left_out(sweep,
     assert tasks.loc["ALE/Pong-v5", "final"] == 1.5 and tasks.loc["HalfCheetah-v5", "best"] == 1.5
 
     evals = report.write_report([sweep], tmp_path / "eval", report.Options(metric="eval", reps=200))
-    assert "Left out, no eval.csv: 3." in evals["report"].read_text()
+    assert "Left out, no evaluation yet: 3." in evals["report"].read_text()
     assert pd.read_csv(evals["tasks_csv"]).set_index("task").loc["HalfCheetah-v5", "seeds"] == 1
+
+
+def test_a_job_just_started_is_named_not_drawn_and_a_short_run_stays_on_a_long_grid(sweep, tmp_path):
+    # A sweep in progress: job 4 has written its csv headers and nothing else yet.
+    write_job(sweep / "4", "pong", "ALE/Pong-v5", 3, evals=[])
+    with open(sweep / "4" / "logs.csv") as f:
+        header = f.readline()
+    (sweep / "4" / "logs.csv").write_text(header)
+    for metric in ("eval", "train"):
+        text = report.write_report([sweep], tmp_path / metric, report.Options(metric=metric, reps=200))["report"]
+        assert f"Left out, no {'evaluation' if metric == 'eval' else 'finished episode'} yet: 4." in text.read_text()
+    # One run with 300 evaluations (more steps than the grid's 200 points) and one with two between
+    # two grid points: the short one is on the grid, and held at its last score when it met its target.
+    long_run = (np.arange(1, 301) * 1000.0, np.zeros(300))
+    short_run = (np.array([1500.0, 1600.0]), np.array([5.0, 9.0]))
+    grid, matrix = report._on_one_grid([long_run, short_run])
+    assert len(grid) <= 204 and {1500.0, 1600.0} <= set(grid)
+    assert np.nanmax(matrix[1]) == 9.0
 
 
 def test_a_run_short_of_its_total_steps_is_marked_unfinished(tmp_path):
@@ -161,6 +180,12 @@ def test_normalisation_reads_the_data_file(sweep, tmp_path):
     assert aggregate["tasks"] == 1 and aggregate["mean"] == pytest.approx(sum(normalised) / 2)
     text = written["report"].read_text()
     assert "ALE/Pong-v5 by mine" in text and "Left out: HalfCheetah-v5 (not in baselines.yaml)." in text
+    # Kept with its runs, the report keeps its baselines too, and the command that draws it again uses them.
+    options = report.Options(baselines=path, reps=200, targets={"": 1 / 3}, keep_runs=True)
+    kept = report.write_report([sweep], tmp_path / "kept", options)
+    assert (tmp_path / "kept" / "baselines.yaml").read_text() == path.read_text()
+    command = f"runs --out . --target {1 / 3!r} --baselines baselines.yaml --reps 200`"
+    assert command in kept["report"].read_text()
 
 
 def test_the_packaged_baselines_say_where_each_number_was_read():
@@ -265,6 +290,7 @@ def test_a_report_keeps_its_runs_and_is_drawn_again_from_them_alone(sweep, tmp_p
     assert "`python -m torchbeast_hydra.logs.report runs --out . --target 1 --reps 200`, run in this dir" in (
         first["report"].read_text()
     )
+    assert not (tmp_path / "out" / report.KEPT_BASELINES).exists()  # the package's: nothing to keep
     again = report.write_report([kept], tmp_path / "again", dataclasses.replace(options, keep_runs=False))
     for name in ("tasks_csv", "aggregates_csv"):
         pd.testing.assert_frame_equal(pd.read_csv(first[name]), pd.read_csv(again[name]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import csv
+import io
 import json
 import logging
 import math
@@ -103,10 +104,15 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
         raw = list(csv.DictReader(f))
     rows = []
     for row in raw:
-        if None in row.values() or None in row or _int(row.get("step", 0)) == math.inf:
-            break  # a torn row: too few (or too many) cells, or no step yet
+        if not _complete(row):
+            break  # a torn row: the run is still writing it
         rows.append({key: _cell(key, value) for key, value in row.items()})
     return rows
+
+
+def _complete(row: dict) -> bool:
+    """Whether a csv row has all its cells (no more, no fewer) and a step."""
+    return None not in row.values() and None not in row and _int(row.get("step")) < math.inf
 
 
 def _cell(key: str, text: str):
@@ -138,23 +144,25 @@ class CsvLog:
 
     def __init__(self, path: str | os.PathLike, resume_step: int | None, fields=CSV_FIELDS):
         self.path = Path(path)
-        rows = self._read() if self.path.exists() and self.path.stat().st_size > 0 else None
-        header = list(rows[0]) if rows and rows[0] else []
-        self.fields = header + [f for f in fields if f not in header] if rows is not None else list(fields)
-        if rows is not None:
-            kept = rows[1:] if resume_step is None else [r for r in rows[1:] if _int(r.get("step")) <= resume_step]
-            if kept != rows[1:] or self.fields != header:
-                self._rewrite(kept)
-        else:
-            self._rewrite([])
+        exists = self.path.exists() and self.path.stat().st_size > 0
+        header, rows, torn = self._read() if exists else ([], [], False)
+        self.fields = header + [f for f in fields if f not in header]
+        kept = rows if resume_step is None else [r for r in rows if _int(r.get("step")) <= resume_step]
+        if not exists or torn or kept != rows or self.fields != header:
+            self._rewrite(kept)
         self._open()
 
-    def _read(self) -> list:
-        """[header as a dict of its names, then the rows]; a torn last line is dropped."""
+    def _read(self) -> tuple[list, list, bool]:
+        """(header, complete rows, whether a torn row was dropped). A row cut short by a kill is
+        dropped, and so is a last line with no line end, however many cells it has: appending after
+        it would glue the next row onto it."""
         with open(self.path, newline="") as f:
-            reader = csv.DictReader(f)
-            rows = [row for row in reader if _int(row.get("step")) < math.inf]
-            return [dict.fromkeys(reader.fieldnames or []), *rows]
+            text = f.read()
+        whole = text[: text.rfind("\n") + 1]  # up to the last line end
+        reader = csv.DictReader(io.StringIO(whole, newline=""))
+        read = list(reader)
+        rows = [row for row in read if _complete(row)]
+        return list(reader.fieldnames or []), rows, len(rows) < len(read) or whole != text
 
     def _rewrite(self, rows: list) -> None:
         tmp = self.path.with_name(self.path.name + ".tmp")
@@ -172,7 +180,7 @@ class CsvLog:
         new = [key for key in row if key not in self.fields]
         if new:  # a column logs.csv has not had yet: widen the header once
             self._file.close()
-            rows = self._read()[1:]
+            _, rows, _ = self._read()
             self.fields += new
             self._rewrite(rows)
             self._open()

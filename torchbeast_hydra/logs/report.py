@@ -38,6 +38,7 @@ from torchbeast_hydra.logs.metrics import target_met
 from torchbeast_hydra.logs.sweep_record import is_run_control
 
 BASELINES = Path(__file__).with_name("baselines.yaml")
+NO_SCORE = {"eval": "evaluation yet", "train": "finished episode yet"}  # what a run without a score lacks
 DPI = 100
 ALL_RUNS = runs.ALL_RUNS
 
@@ -189,7 +190,8 @@ def met_stop_target(run: Run) -> bool:
     own = runs.load_eval(run.dir) if stop_at is not None else None  # not mode=test's evaluations
     if own is None:
         return False
-    periodic = own[own["final"].ne(True)] if "final" in own else own  # the final evaluation counts not
+    # The periodic evaluations: not the final one, nor rows mode=test added (no `final`).
+    periodic = own[own["final"].eq(False)] if "final" in own else own
     confirmations = run.config.get("eval.stop_confirmations", 0)  # runs from before the option: none
     return target_met(zip(periodic["step"], periodic["mean_return"]), stop_at, confirmations) is not None
 
@@ -335,14 +337,16 @@ def seed_curves(runs: list, metric: str) -> tuple:
 
 
 def _on_one_grid(curves: list) -> tuple:
-    """Runs' curves on shared steps: the union of their steps (or 200 even ones if that is more),
-    each run interpolated within its own range and NaN outside it."""
+    """Runs' curves on shared steps: the union of their steps (or, if that is more, 200 even ones
+    and each run's first and last, so that every run is on the grid however short), each run
+    interpolated within its own range and NaN outside it."""
     curves = [(s, v) for s, v in curves if len(s)]
     if not curves:
         return np.array([]), np.empty((0, 0))
     steps = np.unique(np.concatenate([s for s, _ in curves]))
     if len(steps) > 200:
-        steps = np.linspace(steps[0], steps[-1], 200)
+        ends = [s[[0, -1]] for s, _ in curves]
+        steps = np.unique(np.concatenate([np.linspace(steps[0], steps[-1], 200), *ends]))
     matrix = np.array([np.interp(steps, s, v, left=np.nan, right=np.nan) for s, v in curves])
     return steps, matrix
 
@@ -407,13 +411,11 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
     options = options or Options()
     loaded = load_runs(paths, options.window)
     metric = pick_metric(loaded, options.metric)
-    if metric == "eval":
-        missing = [r.name for r in loaded if r.evals is None]
-        loaded = [r for r in loaded if r.evals is not None]
-        if not loaded:
-            raise FileNotFoundError("no run has an eval.csv: use --metric train")
-    else:
-        missing = []
+    # A job of a sweep still starting (or one that died at start) has no score yet: named, not drawn.
+    missing = [r.name for r in loaded if not len(curve(r, metric)[0])]
+    loaded = [r for r in loaded if r.name not in missing]
+    if not loaded:
+        raise FileNotFoundError(f"no run has {NO_SCORE[metric]}" + (": use --metric train" if metric == "eval" else ""))
     per_run = pd.DataFrame([summarise(r, metric, _target(options.targets, r.task)) for r in loaded])
     baselines = load_baselines(options.baselines)
     table = task_table(per_run, options.reps, options.seed)
@@ -425,6 +427,10 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
     written = {}
     if options.keep_runs:
         written["runs"] = keep_runs(loaded, out_dir / KEPT_RUNS)
+        if Path(options.baselines).resolve() != BASELINES.resolve():  # the report's own, to draw it again
+            written["baselines"] = out_dir / KEPT_BASELINES
+            if written["baselines"].resolve() != Path(options.baselines).resolve():
+                shutil.copyfile(options.baselines, written["baselines"])
     for task in tasks(loaded):
         task_runs = [r for r in loaded if r.task == task]
         fig = curve_figure(task, task_runs, metric, baselines.get(task), options.reps, options.seed)
@@ -447,6 +453,7 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
 
 
 KEPT_RUNS = "runs"
+KEPT_BASELINES = "baselines.yaml"  # beside report.md, when the report used a baselines file of its own
 
 
 def keep_runs(loaded: list, kept: Path) -> Path:
@@ -503,7 +510,7 @@ def render_markdown(
             "run in this dir, draws it again."
         )
     if missing:
-        lines.append(f"Left out, no eval.csv: {', '.join(missing)}.")
+        lines.append(f"Left out, no {NO_SCORE[metric]}: {', '.join(missing)}.")
     if unfinished:
         lines.append(f"Unfinished, their last score standing in for the final one: {', '.join(unfinished)}.")
     with_evals = sum(r.evals is not None for r in loaded)
@@ -529,7 +536,9 @@ def render_markdown(
 def _redraw_command(options: Options) -> str:
     """The command that draws this report again from its kept runs, with the options that shape it."""
     words = ["python -m torchbeast_hydra.logs.report", KEPT_RUNS, "--out ."]
-    words += [f"--target {f'{task}=' if task else ''}{value:g}" for task, value in options.targets.items()]
+    words += [f"--target {f'{task}=' if task else ''}{_exact(value)}" for task, value in options.targets.items()]
+    if Path(options.baselines).resolve() != BASELINES.resolve():
+        words.append(f"--baselines {KEPT_BASELINES}")
     if options.metric != "auto":
         words.append(f"--metric {options.metric}")
     defaults = Options()
@@ -539,6 +548,12 @@ def _redraw_command(options: Options) -> str:
         if getattr(options, name) != getattr(defaults, name)
     ]
     return " ".join(words)
+
+
+def _exact(value: float) -> str:
+    """A number as short as it can be written and still read back the same."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(float(value))
 
 
 def _task_markdown(rows: pd.DataFrame, target: Optional[float]) -> list:

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from torchbeast_hydra.logs.metrics import read_rows, recent_means
+from torchbeast_hydra.logs.metrics import CSV_FIELDS, read_rows, recent_means
 from torchbeast_hydra.logs.sweep_record import is_run_control
 
 RETURN = "recent_return"
@@ -159,16 +159,18 @@ def load_eval(run_dir: str | Path) -> Optional[pd.DataFrame]:
     """The run's evaluations (eval.csv: step, mean_return, ... and the protocol), by step; None if
     it has none."""
     path = Path(run_dir) / "eval.csv"
-    if not path.exists() or path.stat().st_size == 0:
+    rows = read_rows(path) if path.exists() and path.stat().st_size > 0 else []
+    if not rows:  # none, or only the header: no evaluation has finished yet
         return None
-    df = pd.DataFrame(read_rows(path)).fillna(np.nan).dropna(subset=["step", "mean_return"])
+    df = pd.DataFrame(rows).fillna(np.nan).dropna(subset=["step", "mean_return"])
     return df.sort_values("step", kind="stable").reset_index(drop=True) if len(df) else None
 
 
 def load_run(run_dir: str | Path, name: Optional[str] = None, window: int = 100) -> pd.DataFrame:
     """One run's logs.csv with its overrides, seed and recent_return columns."""
     run_dir = Path(run_dir)
-    df = pd.DataFrame(read_rows(run_dir)).fillna(np.nan)  # blank cells: NaN, as pandas reads them
+    rows = read_rows(run_dir)  # a run just started holds the header only: its columns, no rows
+    df = pd.DataFrame(rows or None, columns=None if rows else CSV_FIELDS).fillna(np.nan)  # blank cells: NaN
     df[RETURN] = pd.array(recent_means(df["episode_returns"], window), dtype="Float64").astype(float)
     df.insert(0, "run", name if name is not None else run_dir.name)
     # One column per override key; a key that clashes with a logged field gets an `override.`.

@@ -27,6 +27,7 @@ from torchbeast_hydra.logs.metrics import CsvLog
 from torchbeast_hydra.logs.runs import TRAINED_RUN_LINK
 from torchbeast_hydra.logs.wandb_log import RUN_ID_FILE, WandbLog
 from torchbeast_hydra.run import checkpoint
+from torchbeast_hydra.run.seeding import eval_seed
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,10 @@ def evaluate(cfg, trained_dir: Path, out_dir: Path) -> dict:
     if record:
         headless_rendering()
     # Life losses as in training: FIRE after one where the game needs it, and `done` for the model.
-    envs = Environments(env_cfg, 1, seed=cfg.seed, render_mode="rgb_array" if record else None)
+    # Evaluation seeds (seeding.eval_seed), never a training env's: the same starts as the periodic
+    # evaluations of a run with this seed, and no episode any run's actors played.
+    seed = eval_seed(cfg.seed)
+    envs = Environments(env_cfg, 1, seed=seed, render_mode="rgb_array" if record else None)
     if record:
         envs.envs[0] = _record_video(envs.envs[0], out_dir / "videos", cfg.test.num_episodes)
     model = make_model(model_cfg, envs.spec)
@@ -71,7 +75,7 @@ def evaluate(cfg, trained_dir: Path, out_dir: Path) -> dict:
         step=state["step"],
         **figures(returns, lengths, time.monotonic() - started),
         **protocol(env_cfg, envs, cfg.test.greedy, cfg.test.max_episode_steps),
-        seed=cfg.seed,
+        seed=seed,
         trained_run=str(trained_dir),
     )
     _append_row(out_dir / "eval.csv", result)

@@ -102,7 +102,8 @@ class Evaluations:
         self.seed = eval_seed(cfg.seed)
         self.path = Path(run_dir) / FILENAME
         self.sinks = sinks
-        self.resume_step = resume_step
+        if self.path.exists():  # rows past the checkpoint measured weights this run no longer has
+            CsvLog(self.path, resume_step=resume_step, fields=()).close()
         interval = self.settings.interval_steps
         self.next_step = (resume_step // interval + 1) * interval if interval else None
         # The end of the run is the final evaluation's, when there is one.
@@ -119,8 +120,8 @@ class Evaluations:
                     self._count(step, score)
 
     def maybe_start(self, step: int, snapshot) -> None:
-        """Called between updates: reports finished evaluations, and sends snapshot() (the current
-        weights, a CPU copy) to be played when an evaluation is due and none is in flight."""
+        """Called between updates: reports finished evaluations, and sends snapshot() (the step and
+        the weights at it, a CPU copy) to be played when an evaluation is due and none is in flight."""
         if self.next_step is not None and self.next_step > self.last_periodic_step:
             self.next_step = None  # none will come due: no process needed
         if self.next_step is not None and self._process is None:
@@ -133,8 +134,9 @@ class Evaluations:
         if self._in_flight is not None:
             log.info("Evaluation at step %d skipped: the one of step %d is still playing.", step, self._in_flight)
             return
-        self._requests.put((step, snapshot()))
-        self._in_flight = step
+        taken_at, weights = snapshot()  # at `step` or an update later: the row says which
+        self._requests.put((taken_at, weights))
+        self._in_flight = taken_at
 
     def poll(self, wait_s: float = 0.0) -> None:
         """Writes the rows of evaluations that have finished, waiting up to wait_s for one in flight."""
@@ -193,10 +195,9 @@ class Evaluations:
 
     def _write(self, step: int, result: dict, final: bool) -> dict:
         row = dict(step=step, **result, final=final, seed=self.seed)
-        csv = CsvLog(self.path, resume_step=self.resume_step, fields=list(row))
+        csv = CsvLog(self.path, resume_step=None, fields=list(row))
         csv.write(row)
         csv.close()
-        self.resume_step = None  # rows past the checkpoint were dropped once, when the first row came
         if not final:
             self._count(step, row["mean_return"])
             if self._confirming():
@@ -231,7 +232,12 @@ class Evaluations:
         return self.path.exists() and any(row["step"] == step and row.get("final") for row in read_rows(self.path))
 
     def scores(self) -> list[tuple[int, float, bool]]:
-        """(step, mean return, final) of every evaluation so far, from eval.csv."""
+        """(step, mean return, final) of every evaluation this run made, from eval.csv (not the rows
+        mode=test may have added to it, which have no `final`)."""
         if not self.path.exists():
             return []
-        return [(row["step"], row["mean_return"], bool(row.get("final"))) for row in read_rows(self.path)]
+        return [
+            (row["step"], row["mean_return"], row["final"])
+            for row in read_rows(self.path)
+            if row.get("final") is not None
+        ]

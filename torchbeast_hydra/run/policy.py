@@ -27,6 +27,7 @@ from torchbeast_hydra.env.settings import AtariEnvConfig
 from torchbeast_hydra.env.vector import Environments
 from torchbeast_hydra.run import checkpoint
 from torchbeast_hydra.run.evaluate import play
+from torchbeast_hydra.run.seeding import eval_seed
 
 
 @dataclass
@@ -50,8 +51,9 @@ class Policy:
         return outputs["action"][0].numpy(), core_state
 
     def play(self, episodes: int = 10, greedy: bool = True, seed: int = 0, max_episode_steps: int = 27_000) -> list:
-        """The returns of whole games (all lives), played as mode=test plays them."""
-        envs = self.make_envs(1, seed)
+        """The returns of whole games (all lives), played as mode=test plays them: on an env seeded
+        as mode=test's with this seed (seeding.eval_seed), never one a training run's actors played."""
+        envs = self.make_envs(1, eval_seed(seed))
         try:
             returns, _ = play(self.model, envs, episodes, max_episode_steps, "greedy" if greedy else "sample")
         finally:

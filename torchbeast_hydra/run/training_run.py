@@ -284,14 +284,16 @@ class TrainingRun:
         self._last_save = time.monotonic()
         log.info("Saved checkpoint at step %d to %s.", self.stats.step, self.checkpoint_path)
 
-    def weights(self) -> dict:
-        """A CPU copy of the learner's weights, taken between updates (for evaluation)."""
+    def snapshot(self) -> tuple[int, dict]:
+        """The step and a CPU copy of the learner's weights at it, taken together between updates
+        (for evaluation: another learner thread may update between a look at the step and the copy)."""
         with self.lock:
-            return {key: value.detach().to("cpu", copy=True) for key, value in self.learner.model.state_dict().items()}
+            state = self.learner.model.state_dict()
+            return self.stats.step, {key: value.detach().to("cpu", copy=True) for key, value in state.items()}
 
     def maybe_evaluate(self) -> None:
         """Starts an evaluation when one is due (none in flight), and logs those that finished."""
-        self.evaluations.maybe_start(self.stats.step, self.weights)
+        self.evaluations.maybe_start(self.stats.step, self.snapshot)
         self._stop_if_target_reached()
 
     def _stop_if_target_reached(self) -> None:
@@ -305,7 +307,7 @@ class TrainingRun:
     def final_evaluation(self) -> None:
         """The end-of-run evaluation, once the run is complete."""
         if self.complete:
-            self.evaluations.final(self.stats.step, self.weights())
+            self.evaluations.final(*self.snapshot())
 
     def close(self) -> None:
         self.evaluations.close()

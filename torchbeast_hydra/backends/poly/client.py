@@ -78,6 +78,7 @@ class EnvClient:
         self.spec = self.make_envs.spec
         self.envs = None  # made at the first welcome, seeded by the server
         self.outputs = None
+        self.welcomed = False  # in the session now running (or last ended)
 
     def run(self) -> int:
         """Serves the learner until it finishes; returns the process exit code."""
@@ -97,8 +98,8 @@ class EnvClient:
                     if isinstance(lost, LearnerFull) and not full_warned:
                         log.warning("The learner at %s is full (%s); retrying.", self.address, lost)
                         full_warned = True
-                    if self.outputs is not None:  # we were connected: wait afresh for the learner
-                        deadline = max(deadline, time.monotonic() + self.connect_timeout_s)
+                    if self.welcomed:  # a session that served the learner was lost: wait afresh for it, once
+                        deadline = time.monotonic() + self.connect_timeout_s
                     if time.monotonic() > deadline:
                         log.error(
                             "No learner at %s for %.0f s (%s); giving up (backend.connect_timeout_s).",
@@ -126,6 +127,7 @@ class EnvClient:
 
     def _session(self) -> str:
         """One connection: hello, then a step per answer until the learner ends it; returns why."""
+        self.welcomed = False
         address = self._resolve_address()
         with grpc.insecure_channel(address, options=wire.channel_options(self.connection.max_message_bytes)) as channel:
             try:
@@ -153,6 +155,7 @@ class EnvClient:
         for message in responses:
             kind = message.WhichOneof("kind")
             if kind == "welcome":
+                self.welcomed = True
                 if self.envs is None:
                     self.envs = self.make_envs(self.num_envs, message.welcome.seed)
                     self.outputs = self.envs.initial()

@@ -56,6 +56,8 @@ class InferenceFailed(RuntimeError):
 
 
 MAX_DETAILS = 2000  # characters of a refusal's text: it may quote what the client sent
+# Refusals a well-behaved client meets and retries (a learner stopping, or full): not counted as bad clients.
+WAIT_AND_RETRY = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 
 class Refused(Exception):
@@ -131,6 +133,7 @@ class ActorPool:
         self.rejected = 0  # streams ended for a bad token, env or message
         self.dropped = 0  # streams ended for silence
         self._streams = set()  # every open stream, hello or not: they hold the slots
+        self._full_warned = False
         self._step_seconds = 0.0  # in our hands per step (decode, assembly, encode), not in inference
         self._step_envs = 0
         self._watchdog = threading.Thread(target=self._drop_idle_streams, name="actorpool-watchdog", daemon=True)
@@ -180,7 +183,7 @@ class ActorPool:
                 )
             yield wire.ServerMessage(finished=wire.Finished(reason=self.finished_reason))
         except Refused as refused:
-            if refused.code is not grpc.StatusCode.UNAVAILABLE:
+            if refused.code not in WAIT_AND_RETRY:
                 self.refuse(session, peer, refused.details)
             context.abort(refused.code, refused.details)
         except grpc.RpcError:  # the stream was cancelled: by the client, or by us for silence
@@ -244,6 +247,9 @@ class ActorPool:
             if not full:
                 self._streams.add(stream)
         if full:
+            if not self._full_warned:  # once: a waiting client retries every few seconds
+                self._full_warned = True
+                log.warning("A client found the learner full (backend.max_clients=%d).", self.settings.max_clients)
             raise Refused(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"the learner already serves backend.max_clients={self.settings.max_clients} client streams: "

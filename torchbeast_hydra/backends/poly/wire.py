@@ -215,6 +215,12 @@ def decode_step(message, num_envs: int, spec, float_limit: float = FLOAT32_LIMIT
     return check_step(arrays, spec, float_limit)
 
 
+# The largest reward a step may carry. The learner squares value errors (returns of many steps,
+# summed over a batch) in float32: a reward of 1e25 is finite but makes every loss holding it inf,
+# so each batch with that client's unrolls would be skipped. 1e9 leaves those sums ~1e25 at worst.
+REWARD_LIMIT = 1e9
+
+
 def check_step(arrays: dict, spec, float_limit: float = FLOAT32_LIMIT) -> dict:
     """A step's arrays [num_envs, ...] of the right dtypes and shapes, if their values are what
     spec allows: every observation leaf (check_leaf), the last actions, finite rewards; WireError
@@ -227,6 +233,12 @@ def check_step(arrays: dict, spec, float_limit: float = FLOAT32_LIMIT) -> dict:
         raise WireError(str(error)) from None
     if not (np.isfinite(arrays["reward"]).all() and np.isfinite(arrays["episode_return"]).all()):
         raise WireError("reward and episode_return must be finite")
+    sane = np.abs(arrays["reward"]) <= REWARD_LIMIT
+    if not sane.all():
+        raise WireError(
+            f"reward beyond +-{REWARD_LIMIT:.0e} for envs {bad_rows(sane)}: the learner's squared value errors "
+            "would overflow (no env pays that much in one step)"
+        )
     return arrays
 
 
