@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from torchbeast_hydra.backends.poly import local
-from torchbeast_hydra.backends.poly.client import FINISHED, REFUSED
+from torchbeast_hydra.backends.poly.client import FINISHED, REFUSED, SERVER_FAILED
 from torchbeast_hydra.env import layout
 from torchbeast_hydra.run.seeding import actor_seed
 
@@ -100,6 +100,15 @@ def test_a_local_client_with_a_non_finite_observation_is_refused_and_its_unrolls
     assert client.verdict() == REFUSED  # the client exits with it: the run stops, naming the client
     assert pool.rejected == 1 and pool.connected == 0 and emitted == []
     assert "Refused client 0 (local, pid 4242): frame has non-finite values (NaN/inf) for envs [0, 1]" in caplog.text
+
+
+def test_a_failure_serving_a_local_client_is_its_verdict_not_a_silent_finish(served, caplog, monkeypatch):
+    pool, _, _ = served
+    monkeypatch.setattr(pool, "open_session", lambda num_envs: 1 / 0)  # a bug in the learner's own code
+    client = Client(pool)
+    client.write()
+    assert client.verdict() == SERVER_FAILED  # the client exits with it: the run stops, naming it
+    assert "Serving local client 0 (pid 4242) failed." in caplog.text and "ZeroDivisionError" in caplog.text
 
 
 def test_a_local_client_that_dies_leaves_its_unfinished_unrolls_as_partial_rollouts(served):

@@ -25,7 +25,14 @@ from omegaconf import OmegaConf
 from torchbeast_hydra.agent.models import make_model
 from torchbeast_hydra.backends.poly import local, wire
 from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
-from torchbeast_hydra.backends.poly.client import FINISHED, REFUSED, UNREACHABLE, Connection, client_main
+from torchbeast_hydra.backends.poly.client import (
+    FINISHED,
+    REFUSED,
+    SERVER_FAILED,
+    UNREACHABLE,
+    Connection,
+    client_main,
+)
 from torchbeast_hydra.backends.poly.rollouts import RolloutQueue
 from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings, finite_rows, make_server
 from torchbeast_hydra.backends.poly.settings import LocalTransport, PolyRole, split_address
@@ -102,7 +109,10 @@ def client_processes(start, backend) -> ActorProcesses:
         backend.max_actor_restarts,
         what="Env client",
         final=(FINISHED, UNREACHABLE),  # nothing a restart would fix
-        fatal={REFUSED: "the learner refused env client {index}; see its log above."},
+        fatal={
+            REFUSED: "the learner refused env client {index}; see its log above.",
+            SERVER_FAILED: "serving env client {index} failed in the learner; see the traceback above.",
+        },
     )
 
 

@@ -28,8 +28,9 @@ from torchbeast_hydra.env.spaces import EnvSpec
 
 log = logging.getLogger(__name__)
 
-# Exit codes of a client process.
-FINISHED, REFUSED, UNREACHABLE = 0, 2, 3
+# Exit codes of a client process. SERVER_FAILED: a local client's serving thread in the learner
+# failed (a bug of ours, not the client's), so no one answers it any more.
+FINISHED, REFUSED, UNREACHABLE, SERVER_FAILED = 0, 2, 3, 4
 
 # A refusal the client cannot fix by retrying: wrong token, env or message.
 PERMANENT = {

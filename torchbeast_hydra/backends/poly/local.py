@@ -23,7 +23,7 @@ import torch
 
 from torchbeast_hydra.backends.poly import wire
 from torchbeast_hydra.backends.poly.batcher import BatcherClosed
-from torchbeast_hydra.backends.poly.client import FINISHED, REFUSED, UNREACHABLE
+from torchbeast_hydra.backends.poly.client import FINISHED, REFUSED, SERVER_FAILED, UNREACHABLE
 from torchbeast_hydra.backends.poly.server import ActorPool, InferenceFailed, Refused
 from torchbeast_hydra.env.layout import env_outputs
 from torchbeast_hydra.env.spaces import EnvSpec
@@ -137,6 +137,9 @@ def serve(pool: ActorPool, channel: Channel, process, client_id: int) -> None:
     except (wire.WireError, Refused) as refused:
         pool.refuse(session, f"{client_id} (local, pid {process.pid})", str(refused))
         verdict = REFUSED
+    except Exception:  # ours, not the client's: say so, and stop the run rather than leave it unanswered
+        log.exception("Serving local client %d (pid %s) failed.", client_id, process.pid)
+        verdict = SERVER_FAILED
     finally:
         channel.verdict[0] = verdict
         channel.answered.release()
