@@ -129,6 +129,8 @@ class Evaluations:
         self.poll()
         if self.next_step is None or (step < self.next_step and not self._confirming()):
             return
+        if step < self.next_step and self._in_flight is not None:
+            return  # a confirmation waits for the evaluation playing now, asked for again after each update
         interval = self.settings.interval_steps
         self.next_step = (step // interval + 1) * interval
         if self._in_flight is not None:
