@@ -3,6 +3,7 @@ on envs whose seeds no training env has, a final one, and the sweeper's objectiv
 
 from __future__ import annotations
 
+import logging
 import queue
 import time
 from types import SimpleNamespace
@@ -177,7 +178,7 @@ def test_a_target_met_before_the_checkpoint_is_read_back_on_resume(tmp_path):
     assert without.target_reached is None
 
 
-def test_an_evaluation_that_meets_the_target_is_confirmed_by_the_next_at_once(tmp_path):
+def test_an_evaluation_that_meets_the_target_is_confirmed_by_the_next_at_once(tmp_path, caplog):
     cfg, evals = evaluations(tmp_path, "eval.interval_steps=1000", "eval.stop_at_return=8")  # one confirmation
     requested = []
     evals._start_process = lambda: setattr(evals, "_process", "started")
@@ -188,6 +189,11 @@ def test_an_evaluation_that_meets_the_target_is_confirmed_by_the_next_at_once(tm
     evals._in_flight = None
     write_scores(evals, (1000, 9.0))  # met, not yet confirmed: the next starts at once, not at 2000
     assert evals.target_reached is None
+    evals._in_flight = 1000  # ...once the one playing has ended: meanwhile, no request and no "skipped"
+    with caplog.at_level(logging.INFO, logger="torchbeast_hydra.run.periodic_eval"):
+        evals.maybe_start(1050, lambda: (1050, "snapshot"))
+    assert [step for step, _ in requested] == [1000] and "skipped" not in caplog.text
+    evals._in_flight = None
     evals.maybe_start(1100, lambda: (1100, "snapshot"))
     assert [step for step, _ in requested] == [1000, 1100]
     evals._in_flight = None

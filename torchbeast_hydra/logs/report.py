@@ -427,7 +427,7 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
     written = {}
     if options.keep_runs:
         written["runs"] = keep_runs(loaded, out_dir / KEPT_RUNS)
-        if Path(options.baselines).resolve() != BASELINES.resolve():  # the report's own, to draw it again
+        if _own_baselines(options):  # kept, to draw it again
             written["baselines"] = out_dir / KEPT_BASELINES
             if written["baselines"].resolve() != Path(options.baselines).resolve():
                 shutil.copyfile(options.baselines, written["baselines"])
@@ -537,7 +537,7 @@ def _redraw_command(options: Options) -> str:
     """The command that draws this report again from its kept runs, with the options that shape it."""
     words = ["python -m torchbeast_hydra.logs.report", KEPT_RUNS, "--out ."]
     words += [f"--target {f'{task}=' if task else ''}{_exact(value)}" for task, value in options.targets.items()]
-    if Path(options.baselines).resolve() != BASELINES.resolve():
+    if _own_baselines(options):
         words.append(f"--baselines {KEPT_BASELINES}")
     if options.metric != "auto":
         words.append(f"--metric {options.metric}")
@@ -548,6 +548,11 @@ def _redraw_command(options: Options) -> str:
         if getattr(options, name) != getattr(defaults, name)
     ]
     return " ".join(words)
+
+
+def _own_baselines(options: Options) -> bool:
+    """Whether the report normalises by a baselines file other than the package's."""
+    return Path(options.baselines).resolve() != BASELINES.resolve()
 
 
 def _exact(value: float) -> str:

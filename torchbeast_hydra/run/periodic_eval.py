@@ -127,10 +127,10 @@ class Evaluations:
         if self.next_step is not None and self._process is None:
             self._start_process()  # at the first call: spawning and importing take seconds
         self.poll()
-        if self.next_step is None or (step < self.next_step and not self._confirming()):
+        if self.next_step is None:
             return
-        if step < self.next_step and self._in_flight is not None:
-            return  # a confirmation waits for the evaluation playing now, asked for again after each update
+        if step < self.next_step and (self._in_flight is not None or not self._confirming()):
+            return  # not due; a confirmation starts once the evaluation playing now has ended
         interval = self.settings.interval_steps
         self.next_step = (step // interval + 1) * interval
         if self._in_flight is not None:
