@@ -115,6 +115,10 @@ def test_runs_without_evaluations_use_the_training_return_or_are_left_out(sweep,
     tasks = pd.read_csv(auto["tasks_csv"]).set_index("task")
     assert tasks.loc["ALE/Pong-v5", "final"] == 1.5 and tasks.loc["HalfCheetah-v5", "best"] == 1.5
 
+    # Asked for, the training return is not explained away by missing evaluations.
+    train = report.write_report([sweep], tmp_path / "train", report.Options(metric="train", reps=200))
+    assert "have an eval.csv" not in train["report"].read_text()
+
     evals = report.write_report([sweep], tmp_path / "eval", report.Options(metric="eval", reps=200))
     assert "Left out, no evaluation yet: 3." in evals["report"].read_text()
     assert pd.read_csv(evals["tasks_csv"]).set_index("task").loc["HalfCheetah-v5", "seeds"] == 1

@@ -514,7 +514,7 @@ def render_markdown(
     if unfinished:
         lines.append(f"Unfinished, their last score standing in for the final one: {', '.join(unfinished)}.")
     with_evals = sum(r.evals is not None for r in loaded)
-    if metric == "train" and with_evals:
+    if options.metric == "auto" and metric == "train" and with_evals:  # auto fell back: not every run has them
         lines.append(
             f"Only {with_evals} of {len(loaded)} runs have an eval.csv, so none is used (--metric eval: those)."
         )
