@@ -4,12 +4,14 @@ evaluations all score alike, its training returns do not), and mode=test's evalu
 import math
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from torchbeast_hydra.__main__ import CONFIG_DIR, run
 from torchbeast_hydra.logs.metrics import read_rows
+from torchbeast_hydra.run import evaluate
 
 from helpers import TINY, run_sweep
 
@@ -49,7 +51,17 @@ def test_optuna_preset_maximises_the_returned_mean_return(tmp_path):
         assert 1e-4 <= value <= (3e-3 if key.startswith("optim") else 0.05)
 
 
-def test_mode_test_returns_the_mean_evaluation_return(tiny_run, tmp_path):
+def test_mode_test_returns_the_mean_evaluation_return(tiny_run, tmp_path, monkeypatch):
+    threads_while_playing = []
+    real_play = evaluate.play
+
+    def play(*args, **kwargs):
+        threads_while_playing.append(torch.get_num_threads())
+        return real_play(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "play", play)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(
             "config", [*TINY, "mode=test", f"load_dir={tiny_run}", "test.num_episodes=3"], return_hydra_config=True
@@ -60,6 +72,9 @@ def test_mode_test_returns_the_mean_evaluation_return(tiny_run, tmp_path):
         value = run(cfg)
     finally:
         HydraConfig.instance().cfg = None  # later tests run outside any Hydra job
+        restored, _ = torch.get_num_threads(), torch.set_num_threads(threads)
+    # One thread while playing (a busy machine's spin-waits), the caller's count back after.
+    assert threads_while_playing == [1] and restored == 2
     with open(tmp_path / "test" / "eval.csv") as f:
         logged = float(f.read().splitlines()[-1].split(",")[2])  # step,episodes,mean_return,...
     assert value == pytest.approx(logged, abs=0.01) and value >= 8  # CartPole lasts 8+ steps
