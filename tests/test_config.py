@@ -120,6 +120,7 @@ def test_wrong_types_fail_at_composition(override):
         (["backend=poly", "backend.num_actors=-1"], "num_actors"),
         (["env.frame_stack=0"], "frame_stack"),
         (["env=breakout", "env.sticky_action_prob=1.5"], "sticky_action_prob"),
+        (["test.epsilon=-0.01"], r"test.epsilon=-0.01 must be in \[0, 1\]"),
     ],
 )
 def test_out_of_range_values_fail_validation(overrides, message):

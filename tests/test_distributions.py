@@ -12,7 +12,7 @@ from torch import distributions as td
 
 from torchbeast_hydra.agent.distributions import NonFiniteAction, distribution
 from torchbeast_hydra.agent.models import ActorCritic, MLPBody
-from torchbeast_hydra.env.actions import ActionError, ActionSpec, action_spec, check, to_env
+from torchbeast_hydra.env.actions import ActionError, ActionSpec, action_spec, check, random_actions, to_env
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning import vtrace
 from torchbeast_hydra.learning.learner import compute_losses
@@ -208,6 +208,21 @@ def test_actions_reach_the_env_in_its_own_form():
     box = to_env(spec_of("box"))(np.array([3.0, -0.5, -7.0], np.float32))
     assert box.tolist() == [1.0, -0.5, -1.0] and SPACES["box"].contains(box)
     assert SPACES["multi_binary"].contains(to_env(spec_of("multi_binary"))(np.array([1, 0, 0, 1])))
+
+
+@pytest.mark.parametrize("kind", SPACES)
+def test_random_actions_cover_the_space_uniformly(kind):
+    spec = spec_of(kind)
+    actions = random_actions(spec, np.random.default_rng(0), 4000)
+    assert actions.shape == (4000, *spec.step_shape)
+    check(spec, actions, taken=True)  # values of the space, as the model gives them
+    assert all(SPACES[kind].contains(to_env(spec)(a)) for a in actions[:100])
+    flat = actions.reshape(4000, -1)
+    if kind == "box":  # uniform on [-1, 1]: mean 0, a quarter below -0.5
+        assert np.abs(flat.mean(0)).max() < 0.05 and np.allclose((flat < -0.5).mean(0), 0.25, atol=0.03)
+    else:  # every choice of every dimension, each about equally often
+        for dim, n in enumerate(spec.nvec):
+            assert np.allclose(np.bincount(flat[:, dim], minlength=n) / 4000, 1 / n, atol=0.03)
 
 
 def test_check_refuses_out_of_range_and_non_finite_actions():

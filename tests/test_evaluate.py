@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -28,6 +29,24 @@ class FixedPolicy(torch.nn.Module):
     def forward(self, inputs, core_state=(), action="greedy"):
         self.seen.append({key: value.clone() for key, value in inputs.items()})
         return dict(action=torch.full((1, 1), self.action)), core_state
+
+
+class Rally(gym.Env):
+    """A rally no one wins while action 0 is played: action 1 ends the game with a point. An argmax
+    policy stuck on 0 plays it forever, as a greedy Pong policy can on a deterministic emulator."""
+
+    action_space = gym.spaces.Discrete(2)
+    observation_space = gym.spaces.Box(0.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(1, np.float32), float(action == 1), action == 1, False, {}
+
+
+gym.register("Rally-v0", entry_point=Rally)
 
 
 def breakout_eval_envs(*overrides):
@@ -71,6 +90,20 @@ def test_a_cut_game_is_not_replayed():
     assert not np.allclose(starts[0], starts[1]) and not np.allclose(starts[1], starts[2])
 
 
+def test_epsilon_greedy_play_ends_a_rally_that_greedy_play_never_ends():
+    envs = Environments(EnvConfig(id="Rally-v0"), 1, seed=0)
+    returns, lengths = play(FixedPolicy(action=0), envs, num_episodes=3, max_episode_steps=200, action="greedy")
+    assert returns == [0.0] * 3 and lengths == [200] * 3  # cut at the cap, every game
+    runs = [play(FixedPolicy(action=0), envs, 20, 200, "greedy", epsilon=0.1, seed=seed) for seed in (0, 0, 1)]
+    assert runs[0] == runs[1] != runs[2], "the random actions follow the seed"
+    returns, lengths = runs[0]
+    # A random action is 1 half the time: a game lasts ~20 steps (0.05 a step), none reaches the cap.
+    assert returns == [1.0] * 20 and max(lengths) < 200 and 10 < np.mean(lengths) < 40
+    # Sampled play is left as it is (epsilon is for argmax play), so it stays stuck too.
+    assert play(FixedPolicy(action=0), envs, 1, 50, "sample", epsilon=1.0) == ([0.0], [50])
+    envs.close()
+
+
 def test_eval_csv_keeps_old_rows_when_columns_are_added(tmp_path):
     path = tmp_path / "eval.csv"
     _append_row(path, dict(step=1, mean_return=2.0))
@@ -95,7 +128,7 @@ def test_test_mode_writes_into_its_own_run_dir(tiny_run, tiny_test_run):
     (row,) = csv_dicts(test_dir / "eval.csv")
     assert int(row["episodes"]) == 2 and float(row["std_return"]) >= 0
     assert float(row["mean_return"]) > 0  # CartPole pays each step the pole stays up
-    assert row["max_episode_steps"] == "27000" and row["greedy"] == "True"
+    assert row["max_episode_steps"] == "27000" and row["greedy"] == "True" and row["epsilon"] == "0.0"
     assert row["trained_run"] == str(tiny_run.resolve())
     assert int(row["seed"]) == eval_seed(1)  # an evaluation env's seed (the default seed=1), no training env's
     # The summary goes through logging: to the console and to the test run's log file.

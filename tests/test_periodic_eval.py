@@ -54,7 +54,7 @@ def wait_for_row(evals, count, timeout=60):
 
 @pytest.mark.slow  # the evaluation process
 def test_evaluations_come_due_at_the_interval_and_are_skipped_while_one_plays(tmp_path):
-    cfg, evals = evaluations(tmp_path, "eval.interval_steps=1000", "total_steps=10000")
+    cfg, evals = evaluations(tmp_path, "eval.interval_steps=1000", "total_steps=10000", "test.epsilon=0.25")
     snapshot = weights_of(cfg)
     taken = []
 
@@ -74,6 +74,7 @@ def test_evaluations_come_due_at_the_interval_and_are_skipped_while_one_plays(tm
         (row,) = wait_for_row(evals, 1)
         assert row["step"] == 1010 and row["episodes"] == 2 and row["final"] is False  # the snapshot's step
         assert row["seed"] == eval_seed(cfg.seed)
+        assert row["greedy"] is True and row["epsilon"] == 0.25  # test mode's protocol, recorded
         evals.maybe_start(3500, counted(3500))  # due again: the next due step follows the step it came at
         assert evals.next_step == 4000
         rows = wait_for_row(evals, 2)
@@ -87,7 +88,7 @@ def test_evaluations_come_due_at_the_interval_and_are_skipped_while_one_plays(tm
 def test_the_final_evaluation_is_written_once(tmp_path):
     cfg, evals = evaluations(tmp_path, "total_steps=5000")
     row = evals.final(5000, weights_of(cfg)())
-    assert row["final"] is True and row["step"] == 5000
+    assert row["final"] is True and row["step"] == 5000 and row["epsilon"] == 0.0
     assert evals.final(5000, weights_of(cfg)()) is None  # a run resumed at its end: not again
     assert evals.scores() == [(5000, row["mean_return"], True)]
 

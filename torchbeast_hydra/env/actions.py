@@ -117,6 +117,16 @@ def box_bounds(spec: ActionSpec) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(spec.low, np.float32), np.asarray(spec.high, np.float32)
 
 
+def random_actions(spec: ActionSpec, rng: np.random.Generator, num_envs: int) -> np.ndarray:
+    """Uniformly random actions [num_envs, *step_shape], as the model gives them (categorical kinds:
+    indices from 0; Box: within its bounds)."""
+    shape = (num_envs, *spec.step_shape)
+    if spec.kind == BOX:
+        low, high = box_bounds(spec)
+        return rng.uniform(low, high, (num_envs, spec.size)).astype(np.float32).reshape(shape)
+    return rng.integers(0, spec.nvec, (num_envs, spec.size)).reshape(shape)
+
+
 def check(spec: ActionSpec, actions: np.ndarray, what: str = "actions", taken: bool = False) -> None:
     """Raises ActionError unless actions [N, *step_shape] are values of the space. Box: finite, and
     within the bounds if taken (actions an env took, e.g. last_action; sampled ones may stray past them)."""

@@ -16,10 +16,12 @@ import time
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import torch
 from omegaconf import OmegaConf
 
 from torchbeast_hydra.agent.models import make_model, saved_model_config
+from torchbeast_hydra.env.actions import random_actions
 from torchbeast_hydra.env.make import is_atari
 from torchbeast_hydra.env.settings import AtariEnvConfig, EnvConfig, atari_settings
 from torchbeast_hydra.env.vector import Environments
@@ -69,13 +71,15 @@ def evaluate(cfg, trained_dir: Path, out_dir: Path) -> dict:
     started = time.monotonic()
     action = "greedy" if cfg.test.greedy else "sample"
     try:
-        returns, lengths = play(model, envs, cfg.test.num_episodes, cfg.test.max_episode_steps, action)
+        returns, lengths = play(
+            model, envs, cfg.test.num_episodes, cfg.test.max_episode_steps, action, cfg.test.epsilon, seed
+        )
     finally:
         envs.close()
     result = dict(
         step=state["step"],
         **figures(returns, lengths, time.monotonic() - started),
-        **protocol(env_cfg, envs, cfg.test.greedy, cfg.test.max_episode_steps),
+        **protocol(env_cfg, envs, cfg.test.greedy, cfg.test.max_episode_steps, cfg.test.epsilon),
         seed=seed,
         trained_run=str(trained_dir),
     )
@@ -152,11 +156,12 @@ def figures(returns: list, lengths: list, seconds: float) -> dict:
     )
 
 
-def protocol(env_cfg, envs: Environments, greedy: bool, max_episode_steps: int) -> dict:
+def protocol(env_cfg, envs: Environments, greedy: bool, max_episode_steps: int, epsilon: float = 0.0) -> dict:
     """How an evaluation played, so that figures from different protocols are never mixed up."""
     atari = atari_settings(env_cfg) if is_atari(env_cfg.id, env_cfg.imports) else None
     return dict(
         greedy=greedy,
+        epsilon=epsilon if greedy else "",
         sticky_action_prob=atari.sticky_action_prob if atari else "",
         max_episode_steps=max_episode_steps,
         episodic_life=envs.episodic_life,
@@ -176,19 +181,26 @@ def with_test_protocol(cfg, env_cfg: dict) -> EnvConfig:
     return merged
 
 
-def play(model, envs: Environments, num_episodes: int, max_episode_steps: int, action: str):
+def play(
+    model, envs: Environments, num_episodes: int, max_episode_steps: int, action: str, epsilon: float = 0.0, seed=0
+):
     """Plays envs.envs[0] for num_episodes games; returns (returns, lengths).
 
     A game cut at max_episode_steps counts with the return it had, and the next one starts from
-    a fresh reset (never a replay of the first game: the env's RNG goes on).
+    a fresh reset (never a replay of the first game: the env's RNG goes on). With action="greedy",
+    epsilon is the chance of a uniformly random action instead (drawn from a generator seeded by seed).
     """
+    explore = np.random.default_rng(seed) if action == "greedy" and epsilon > 0 else None
     returns, lengths = [], []
     env_output = {key: torch.from_numpy(array).unsqueeze(0) for key, array in envs.initial().items()}
     core_state = model.initial_state(1)
     while len(returns) < num_episodes:
         with torch.no_grad():
             agent_output, core_state = model(env_output, core_state, action=action)
-        out = envs.step(agent_output["action"][0].numpy())
+        actions = agent_output["action"][0].numpy()
+        if explore is not None and explore.random() < epsilon:
+            actions = random_actions(envs.spec.actions, explore, 1)
+        out = envs.step(actions)
         game_over = bool(out["episode_end"][0])
         cut = not game_over and out["episode_step"][0] >= max_episode_steps
         if game_over or cut:

@@ -49,30 +49,31 @@ class Player:
     def __init__(self, model_cfg, env_cfg, seed: int):
         torch.set_num_threads(1)
         self.env_cfg = env_cfg
+        self.seed = seed
         self.envs = Environments(env_cfg, 1, seed=seed)
         self.model = make_model(model_cfg, self.envs.spec).eval()
 
-    def play(self, weights: dict, episodes: int, max_episode_steps: int, greedy: bool) -> dict:
+    def play(self, weights: dict, episodes: int, max_episode_steps: int, greedy: bool, epsilon: float) -> dict:
         self.model.load_state_dict(weights)
         started = time.monotonic()
         action = "greedy" if greedy else "sample"
-        returns, lengths = play(self.model, self.envs, episodes, max_episode_steps, action)
+        returns, lengths = play(self.model, self.envs, episodes, max_episode_steps, action, epsilon, self.seed)
         return dict(
             **figures(returns, lengths, time.monotonic() - started),
-            **protocol(self.env_cfg, self.envs, greedy, max_episode_steps),
+            **protocol(self.env_cfg, self.envs, greedy, max_episode_steps, epsilon),
         )
 
     def close(self) -> None:
         self.envs.close()
 
 
-def _worker(model_cfg, env_cfg, seed, episodes, max_episode_steps, greedy, requests, results) -> None:
+def _worker(model_cfg, env_cfg, seed, episodes, max_episode_steps, greedy, epsilon, requests, results) -> None:
     """The evaluation process: plays each snapshot it is sent until it is sent None."""
     try:
         player = Player(model_cfg, env_cfg, seed)
         while (request := _next_request(requests)) is not None:
             step, weights = request
-            results.put((step, player.play(weights, episodes, max_episode_steps, greedy)))
+            results.put((step, player.play(weights, episodes, max_episode_steps, greedy, epsilon)))
         player.close()
     except Exception as error:  # reported by the learner process, which turns evaluation off
         results.put((None, f"{type(error).__name__}: {error}"))
@@ -97,6 +98,7 @@ class Evaluations:
         """sinks: where eval/* figures go besides eval.csv (wandb, TensorBoard): each has log_eval(row)."""
         self.settings = cfg.eval
         self.max_episode_steps = cfg.test.max_episode_steps
+        self.epsilon = cfg.test.epsilon
         self.model_cfg = cfg.model
         self.env_cfg = with_test_protocol(cfg, to_plain_dict(cfg)["env"])
         self.seed = eval_seed(cfg.seed)
@@ -164,7 +166,9 @@ class Evaluations:
             return None
         player = Player(self.model_cfg, self.env_cfg, self.seed)
         try:
-            result = player.play(weights, self.settings.episodes, self.max_episode_steps, self.settings.greedy)
+            result = player.play(
+                weights, self.settings.episodes, self.max_episode_steps, self.settings.greedy, self.epsilon
+            )
         finally:
             player.close()
         return self._write(step, result, final=True)
@@ -189,6 +193,7 @@ class Evaluations:
             self.settings.episodes,
             self.max_episode_steps,
             self.settings.greedy,
+            self.epsilon,
             self._requests,
             self._results,
         )

@@ -50,12 +50,16 @@ class Policy:
         outputs, core_state = self.model(inputs, core_state, action="greedy" if greedy else "sample")
         return outputs["action"][0].numpy(), core_state
 
-    def play(self, episodes: int = 10, greedy: bool = True, seed: int = 0, max_episode_steps: int = 27_000) -> list:
+    def play(
+        self, episodes: int = 10, greedy: bool = True, seed: int = 0, max_episode_steps: int = 27_000, epsilon=0.0
+    ) -> list:
         """The returns of whole games (all lives), played as mode=test plays them: on an env seeded
-        as mode=test's with this seed (seeding.eval_seed), never one a training run's actors played."""
+        as mode=test's with this seed (seeding.eval_seed), never one a training run's actors played;
+        epsilon as test.epsilon."""
         envs = self.make_envs(1, eval_seed(seed))
         try:
-            returns, _ = play(self.model, envs, episodes, max_episode_steps, "greedy" if greedy else "sample")
+            action = "greedy" if greedy else "sample"
+            returns, _ = play(self.model, envs, episodes, max_episode_steps, action, epsilon, eval_seed(seed))
         finally:
             envs.close()
         return returns

@@ -23,6 +23,10 @@ class TestConfig:
     max_episode_steps: int = 27_000
     # Sticky actions while testing; null: as trained. 0.25 is the Machado et al. (2018) protocol.
     sticky_action_prob: Optional[float] = None
+    # Greedy play only: a uniformly random action with this probability (epsilon-greedy, as DQN's
+    # evaluations: 0.05; Rainbow's: 0.001). An argmax policy on a deterministic emulator can play a
+    # rally that never ends (Pong: docs/results.md); a rare random action ends it. Also evaluation's.
+    epsilon: float = 0.0
 
 
 class EvalObjective(enum.Enum):
@@ -108,6 +112,7 @@ def check(cfg) -> None:
     test = cfg.test
     require(test.max_episode_steps >= 1, "test.max_episode_steps must be at least 1.")
     require(test.num_episodes >= 1, "test.num_episodes must be at least 1.")
+    require(0 <= test.epsilon <= 1, f"test.epsilon={test.epsilon} must be in [0, 1] (0: argmax actions only).")
     sticky = test.sticky_action_prob
     require(
         sticky is None or 0 <= sticky <= 1, f"test.sticky_action_prob={sticky} must be in [0, 1] (or null: as trained)."
