@@ -22,6 +22,7 @@ import logging
 import multiprocessing
 import queue
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,6 +43,16 @@ FINISH_TIMEOUT_S = 120.0  # at the end of a run, for the evaluation still playin
 PARENT_CHECK_S = 1.0  # how often the evaluation process, idle, checks that the learner's is alive
 
 
+@dataclass(frozen=True)
+class Rules:
+    """How an evaluation plays: how many games, cut where, argmax (with epsilon's random actions) or sampled."""
+
+    episodes: int  # eval.episodes
+    max_episode_steps: int  # test.max_episode_steps
+    greedy: bool  # eval.greedy
+    epsilon: float  # test.epsilon
+
+
 class Player:
     """An evaluation env and a CPU copy of the model: plays whole episodes with given weights,
     every evaluation from the same seeded starts."""
@@ -53,27 +64,29 @@ class Player:
         self.envs = Environments(env_cfg, 1, seed=seed)
         self.model = make_model(model_cfg, self.envs.spec).eval()
 
-    def play(self, weights: dict, episodes: int, max_episode_steps: int, greedy: bool, epsilon: float) -> dict:
+    def play(self, weights: dict, rules: Rules) -> dict:
         self.model.load_state_dict(weights)
         started = time.monotonic()
-        action = "greedy" if greedy else "sample"
-        returns, lengths = play(self.model, self.envs, episodes, max_episode_steps, action, epsilon, self.seed)
+        action = "greedy" if rules.greedy else "sample"
+        returns, lengths = play(
+            self.model, self.envs, rules.episodes, rules.max_episode_steps, action, rules.epsilon, self.seed
+        )
         return dict(
             **figures(returns, lengths, time.monotonic() - started),
-            **protocol(self.env_cfg, self.envs, greedy, max_episode_steps, epsilon),
+            **protocol(self.env_cfg, self.envs, rules.greedy, rules.max_episode_steps, rules.epsilon),
         )
 
     def close(self) -> None:
         self.envs.close()
 
 
-def _worker(model_cfg, env_cfg, seed, episodes, max_episode_steps, greedy, epsilon, requests, results) -> None:
+def _worker(model_cfg, env_cfg, seed, rules: Rules, requests, results) -> None:
     """The evaluation process: plays each snapshot it is sent until it is sent None."""
     try:
         player = Player(model_cfg, env_cfg, seed)
         while (request := _next_request(requests)) is not None:
             step, weights = request
-            results.put((step, player.play(weights, episodes, max_episode_steps, greedy, epsilon)))
+            results.put((step, player.play(weights, rules)))
         player.close()
     except Exception as error:  # reported by the learner process, which turns evaluation off
         results.put((None, f"{type(error).__name__}: {error}"))
@@ -97,8 +110,7 @@ class Evaluations:
     def __init__(self, cfg, run_dir: Path, sinks: list, resume_step: int):
         """sinks: where eval/* figures go besides eval.csv (wandb, TensorBoard): each has log_eval(row)."""
         self.settings = cfg.eval
-        self.max_episode_steps = cfg.test.max_episode_steps
-        self.epsilon = cfg.test.epsilon
+        self.rules = Rules(cfg.eval.episodes, cfg.test.max_episode_steps, cfg.eval.greedy, cfg.test.epsilon)
         self.model_cfg = cfg.model
         self.env_cfg = with_test_protocol(cfg, to_plain_dict(cfg)["env"])
         self.seed = eval_seed(cfg.seed)
@@ -166,9 +178,7 @@ class Evaluations:
             return None
         player = Player(self.model_cfg, self.env_cfg, self.seed)
         try:
-            result = player.play(
-                weights, self.settings.episodes, self.max_episode_steps, self.settings.greedy, self.epsilon
-            )
+            result = player.play(weights, self.rules)
         finally:
             player.close()
         return self._write(step, result, final=True)
@@ -190,10 +200,7 @@ class Evaluations:
             self.model_cfg,
             self.env_cfg,
             self.seed,
-            self.settings.episodes,
-            self.max_episode_steps,
-            self.settings.greedy,
-            self.epsilon,
+            self.rules,
             self._requests,
             self._results,
         )
