@@ -9,6 +9,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from torchbeast_hydra.__main__ import final_return
 from torchbeast_hydra.agent.models import make_model
@@ -87,7 +88,13 @@ def test_evaluations_come_due_at_the_interval_and_are_skipped_while_one_plays(tm
 
 def test_the_final_evaluation_is_written_once(tmp_path):
     cfg, evals = evaluations(tmp_path, "total_steps=5000")
-    row = evals.final(5000, weights_of(cfg)())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        row = evals.final(5000, weights_of(cfg)())
+        assert torch.get_num_threads() == 2, "played in the learner's process, which keeps its thread count"
+    finally:
+        torch.set_num_threads(threads)
     assert row["final"] is True and row["step"] == 5000 and row["epsilon"] == 0.0
     assert evals.final(5000, weights_of(cfg)()) is None  # a run resumed at its end: not again
     assert evals.scores() == [(5000, row["mean_return"], True)]

@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 from torchbeast_hydra.agent.models import make_model
 from torchbeast_hydra.env.vector import Environments
 from torchbeast_hydra.logs.metrics import CsvLog, read_rows, target_met
-from torchbeast_hydra.run.evaluate import EVAL_FIGURES, figures, play, protocol, with_test_protocol
+from torchbeast_hydra.run.evaluate import EVAL_FIGURES, figures, one_torch_thread, play, protocol, with_test_protocol
 from torchbeast_hydra.run.seeding import eval_seed
 from torchbeast_hydra.run.settings import to_plain_dict
 
@@ -58,7 +58,6 @@ class Player:
     every evaluation from the same seeded starts."""
 
     def __init__(self, model_cfg, env_cfg, seed: int):
-        torch.set_num_threads(1)
         self.env_cfg = env_cfg
         self.seed = seed
         self.envs = Environments(env_cfg, 1, seed=seed)
@@ -83,6 +82,7 @@ class Player:
 def _worker(model_cfg, env_cfg, seed, rules: Rules, requests, results) -> None:
     """The evaluation process: plays each snapshot it is sent until it is sent None."""
     try:
+        torch.set_num_threads(1)  # one env at a batch of one, beside the run's processes
         player = Player(model_cfg, env_cfg, seed)
         while (request := _next_request(requests)) is not None:
             step, weights = request
@@ -176,11 +176,12 @@ class Evaluations:
         self.close()
         if not (self.settings.final and self.settings.interval_steps) or self._has_final(step):
             return None
-        player = Player(self.model_cfg, self.env_cfg, self.seed)
-        try:
-            result = player.play(weights, self.rules)
-        finally:
-            player.close()
+        with one_torch_thread():
+            player = Player(self.model_cfg, self.env_cfg, self.seed)
+            try:
+                result = player.play(weights, self.rules)
+            finally:
+                player.close()
         return self._write(step, result, final=True)
 
     def close(self) -> None:
