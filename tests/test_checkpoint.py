@@ -93,7 +93,7 @@ def test_a_checkpoint_saved_before_the_move_loads_and_acts():
     from torchbeast_hydra.agent.models import make_model, saved_model_config
     from torchbeast_hydra.env.settings import EnvConfig
     from torchbeast_hydra.env.vector import Environments
-    from torchbeast_hydra.run.evaluate import play
+    from torchbeast_hydra.run.evaluate import Rules, play
 
     state = checkpoint.load(BEFORE_THE_MOVE)
     assert state["config"]["model"]["_target_"] == "torchbeast_hydra.models.MLPBody"
@@ -102,7 +102,7 @@ def test_a_checkpoint_saved_before_the_move_loads_and_acts():
     model = make_model(saved_model_config(state["config"]["model"]), envs.spec)
     model.load_state_dict(state["learner"]["model"])  # every saved tensor fits, by name and shape
     assert type(model.body).__module__ == "torchbeast_hydra.agent.models"
-    returns, lengths = play(model.eval(), envs, num_episodes=2, max_episode_steps=500, action="greedy")
+    returns, lengths = play(model.eval(), envs, Rules(episodes=2, max_episode_steps=500))
     envs.close()
     assert len(returns) == 2 and all(length >= 8 for length in lengths)
 

@@ -9,7 +9,7 @@ import torch
 
 from torchbeast_hydra.env.settings import EnvConfig
 from torchbeast_hydra.env.vector import Environments
-from torchbeast_hydra.run.evaluate import _append_row, eval_env_config, play
+from torchbeast_hydra.run.evaluate import Rules, _append_row, eval_env_config, play
 from torchbeast_hydra.run.seeding import eval_seed
 
 from helpers import compose_config, csv_dicts, run_cli
@@ -61,7 +61,7 @@ def test_a_policy_that_never_fires_still_finishes_breakout_games():
     # must do it for it, as training did, or the ball is never served again and the game stalls.
     _, envs = breakout_eval_envs()
     policy = FixedPolicy(action=0)  # NOOP
-    returns, lengths = play(policy, envs, num_episodes=1, max_episode_steps=27_000, action="greedy")
+    returns, lengths = play(policy, envs, Rules(episodes=1))
     envs.close()
     assert lengths[0] < 5_000  # over by game over (all five lives), not by the cap
     dones = [bool(step["done"][0, 0]) for step in policy.seen]
@@ -82,7 +82,7 @@ def test_sticky_actions_for_evaluation_only():
 def test_a_cut_game_is_not_replayed():
     envs = Environments(EnvConfig(id="CartPole-v1"), 1, seed=0)
     policy = FixedPolicy(action=0)
-    returns, lengths = play(policy, envs, num_episodes=3, max_episode_steps=3, action="greedy")
+    returns, lengths = play(policy, envs, Rules(episodes=3, max_episode_steps=3))
     envs.close()
     assert lengths == [3, 3, 3] and returns == [3.0, 3.0, 3.0]
     starts = [step["frame"][0, 0].numpy() for step in policy.seen if step["done"][0, 0]]
@@ -92,15 +92,16 @@ def test_a_cut_game_is_not_replayed():
 
 def test_epsilon_greedy_play_ends_a_rally_that_greedy_play_never_ends():
     envs = Environments(EnvConfig(id="Rally-v0"), 1, seed=0)
-    returns, lengths = play(FixedPolicy(action=0), envs, num_episodes=3, max_episode_steps=200, action="greedy")
+    returns, lengths = play(FixedPolicy(action=0), envs, Rules(episodes=3, max_episode_steps=200))
     assert returns == [0.0] * 3 and lengths == [200] * 3  # cut at the cap, every game
-    runs = [play(FixedPolicy(action=0), envs, 20, 200, "greedy", epsilon=0.1, seed=seed) for seed in (0, 0, 1)]
+    rules = Rules(episodes=20, max_episode_steps=200, epsilon=0.1)
+    runs = [play(FixedPolicy(action=0), envs, rules, seed) for seed in (0, 0, 1)]
     assert runs[0] == runs[1] != runs[2], "the random actions follow the seed"
     returns, lengths = runs[0]
     # A random action is 1 half the time: a game lasts ~20 steps (0.05 a step), none reaches the cap.
     assert returns == [1.0] * 20 and max(lengths) < 200 and 10 < np.mean(lengths) < 40
     # Sampled play is left as it is (epsilon is for argmax play), so it stays stuck too.
-    assert play(FixedPolicy(action=0), envs, 1, 50, "sample", epsilon=1.0) == ([0.0], [50])
+    assert play(FixedPolicy(action=0), envs, Rules(1, 50, greedy=False, epsilon=1.0)) == ([0.0], [50])
     envs.close()
 
 

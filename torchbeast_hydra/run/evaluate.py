@@ -13,6 +13,7 @@ import os
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import gymnasium as gym
@@ -36,6 +37,28 @@ log = logging.getLogger(__name__)
 
 # What an evaluation measured; the rest of its eval.csv row says how (the protocol).
 EVAL_FIGURES = ("episodes", "mean_return", "std_return", "min_return", "max_return", "mean_length", "seconds")
+
+
+@dataclass(frozen=True)
+class Rules:
+    """How games are played: how many, cut where, argmax actions (with a random one at epsilon's
+    rate) or sampled ones. mode=test's come from test.*, evaluations during training take eval.episodes
+    and eval.greedy instead."""
+
+    episodes: int
+    max_episode_steps: int = 27_000  # ALE's own cap: 108,000 frames at frame skip 4
+    greedy: bool = True
+    epsilon: float = 0.0
+
+    @classmethod
+    def of_test(cls, test) -> Rules:
+        """mode=test's rules (cfg.test: TestConfig)."""
+        return cls(test.num_episodes, test.max_episode_steps, test.greedy, test.epsilon)
+
+    @property
+    def action(self) -> str:
+        """The model's action mode."""
+        return "greedy" if self.greedy else "sample"
 
 
 def evaluate(cfg, trained_dir: Path, out_dir: Path) -> dict:
@@ -69,17 +92,15 @@ def evaluate(cfg, trained_dir: Path, out_dir: Path) -> dict:
     torch.manual_seed(cfg.seed)
 
     started = time.monotonic()
-    action = "greedy" if cfg.test.greedy else "sample"
+    rules = Rules.of_test(cfg.test)
     try:
-        returns, lengths = play(
-            model, envs, cfg.test.num_episodes, cfg.test.max_episode_steps, action, cfg.test.epsilon, seed
-        )
+        returns, lengths = play(model, envs, rules, seed)
     finally:
         envs.close()
     result = dict(
         step=state["step"],
         **figures(returns, lengths, time.monotonic() - started),
-        **protocol(env_cfg, envs, cfg.test.greedy, cfg.test.max_episode_steps, cfg.test.epsilon),
+        **protocol(env_cfg, envs, rules),
         seed=seed,
         trained_run=str(trained_dir),
     )
@@ -156,14 +177,14 @@ def figures(returns: list, lengths: list, seconds: float) -> dict:
     )
 
 
-def protocol(env_cfg, envs: Environments, greedy: bool, max_episode_steps: int, epsilon: float = 0.0) -> dict:
+def protocol(env_cfg, envs: Environments, rules: Rules) -> dict:
     """How an evaluation played, so that figures from different protocols are never mixed up."""
     atari = atari_settings(env_cfg) if is_atari(env_cfg.id, env_cfg.imports) else None
     return dict(
-        greedy=greedy,
-        epsilon=epsilon if greedy else "",
+        greedy=rules.greedy,
+        epsilon=rules.epsilon if rules.greedy else "",
         sticky_action_prob=atari.sticky_action_prob if atari else "",
-        max_episode_steps=max_episode_steps,
+        max_episode_steps=rules.max_episode_steps,
         episodic_life=envs.episodic_life,
         noop_max=atari.noop_max if atari else "",
     )
@@ -181,28 +202,26 @@ def with_test_protocol(cfg, env_cfg: dict) -> EnvConfig:
     return merged
 
 
-def play(
-    model, envs: Environments, num_episodes: int, max_episode_steps: int, action: str, epsilon: float = 0.0, seed=0
-):
-    """Plays envs.envs[0] for num_episodes games; returns (returns, lengths).
+def play(model, envs: Environments, rules: Rules, seed: int = 0):
+    """Plays envs.envs[0] for rules.episodes games; returns (returns, lengths).
 
-    A game cut at max_episode_steps counts with the return it had, and the next one starts from
-    a fresh reset (never a replay of the first game: the env's RNG goes on). With action="greedy",
-    epsilon is the chance of a uniformly random action instead (drawn from a generator seeded by seed).
+    A game cut at rules.max_episode_steps counts with the return it had, and the next one starts
+    from a fresh reset (never a replay of the first game: the env's RNG goes on). Greedy play takes
+    a uniformly random action at rules.epsilon's rate, drawn from a generator seeded by seed.
     """
-    explore = np.random.default_rng(seed) if action == "greedy" and epsilon > 0 else None
+    explore = np.random.default_rng(seed) if rules.greedy and rules.epsilon > 0 else None
     returns, lengths = [], []
     env_output = {key: torch.from_numpy(array).unsqueeze(0) for key, array in envs.initial().items()}
     core_state = model.initial_state(1)
-    while len(returns) < num_episodes:
+    while len(returns) < rules.episodes:
         with torch.no_grad():
-            agent_output, core_state = model(env_output, core_state, action=action)
+            agent_output, core_state = model(env_output, core_state, action=rules.action)
         actions = agent_output["action"][0].numpy()
-        if explore is not None and explore.random() < epsilon:
+        if explore is not None and explore.random() < rules.epsilon:
             actions = random_actions(envs.spec.actions, explore, 1)
         out = envs.step(actions)
         game_over = bool(out["episode_end"][0])
-        cut = not game_over and out["episode_step"][0] >= max_episode_steps
+        cut = not game_over and out["episode_step"][0] >= rules.max_episode_steps
         if game_over or cut:
             returns.append(float(out["episode_return"][0]))
             lengths.append(int(out["episode_step"][0]))

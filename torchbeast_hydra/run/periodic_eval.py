@@ -18,11 +18,11 @@ back from eval.csv on resume, so a resumed run that met it stays complete.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import queue
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,7 +31,15 @@ import torch.multiprocessing as mp
 from torchbeast_hydra.agent.models import make_model
 from torchbeast_hydra.env.vector import Environments
 from torchbeast_hydra.logs.metrics import CsvLog, read_rows, target_met
-from torchbeast_hydra.run.evaluate import EVAL_FIGURES, figures, one_torch_thread, play, protocol, with_test_protocol
+from torchbeast_hydra.run.evaluate import (
+    EVAL_FIGURES,
+    Rules,
+    figures,
+    one_torch_thread,
+    play,
+    protocol,
+    with_test_protocol,
+)
 from torchbeast_hydra.run.seeding import eval_seed
 from torchbeast_hydra.run.settings import to_plain_dict
 
@@ -41,16 +49,6 @@ FILENAME = "eval.csv"
 STOP_TIMEOUT_S = 10.0
 FINISH_TIMEOUT_S = 120.0  # at the end of a run, for the evaluation still playing
 PARENT_CHECK_S = 1.0  # how often the evaluation process, idle, checks that the learner's is alive
-
-
-@dataclass(frozen=True)
-class Rules:
-    """How an evaluation plays: how many games, cut where, argmax (with epsilon's random actions) or sampled."""
-
-    episodes: int  # eval.episodes
-    max_episode_steps: int  # test.max_episode_steps
-    greedy: bool  # eval.greedy
-    epsilon: float  # test.epsilon
 
 
 class Player:
@@ -66,13 +64,10 @@ class Player:
     def play(self, weights: dict, rules: Rules) -> dict:
         self.model.load_state_dict(weights)
         started = time.monotonic()
-        action = "greedy" if rules.greedy else "sample"
-        returns, lengths = play(
-            self.model, self.envs, rules.episodes, rules.max_episode_steps, action, rules.epsilon, self.seed
-        )
+        returns, lengths = play(self.model, self.envs, rules, self.seed)
         return dict(
             **figures(returns, lengths, time.monotonic() - started),
-            **protocol(self.env_cfg, self.envs, rules.greedy, rules.max_episode_steps, rules.epsilon),
+            **protocol(self.env_cfg, self.envs, rules),
         )
 
     def close(self) -> None:
@@ -110,7 +105,8 @@ class Evaluations:
     def __init__(self, cfg, run_dir: Path, sinks: list, resume_step: int):
         """sinks: where eval/* figures go besides eval.csv (wandb, TensorBoard): each has log_eval(row)."""
         self.settings = cfg.eval
-        self.rules = Rules(cfg.eval.episodes, cfg.test.max_episode_steps, cfg.eval.greedy, cfg.test.epsilon)
+        # Test mode's rules, with evaluation's own number of games and choice of greedy or sampled.
+        self.rules = dataclasses.replace(Rules.of_test(cfg.test), episodes=cfg.eval.episodes, greedy=cfg.eval.greedy)
         self.model_cfg = cfg.model
         self.env_cfg = with_test_protocol(cfg, to_plain_dict(cfg)["env"])
         self.seed = eval_seed(cfg.seed)

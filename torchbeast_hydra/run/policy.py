@@ -26,7 +26,7 @@ from torchbeast_hydra.agent.models import make_model, saved_model_config
 from torchbeast_hydra.env.settings import AtariEnvConfig
 from torchbeast_hydra.env.vector import Environments
 from torchbeast_hydra.run import checkpoint
-from torchbeast_hydra.run.evaluate import play
+from torchbeast_hydra.run.evaluate import Rules, play
 from torchbeast_hydra.run.seeding import eval_seed
 
 
@@ -51,15 +51,19 @@ class Policy:
         return outputs["action"][0].numpy(), core_state
 
     def play(
-        self, episodes: int = 10, greedy: bool = True, seed: int = 0, max_episode_steps: int = 27_000, epsilon=0.0
+        self,
+        episodes: int = 10,
+        greedy: bool = True,
+        seed: int = 0,
+        max_episode_steps: int = Rules.max_episode_steps,
+        epsilon: float = 0.0,
     ) -> list:
         """The returns of whole games (all lives), played as mode=test plays them: on an env seeded
         as mode=test's with this seed (seeding.eval_seed), never one a training run's actors played;
         epsilon as test.epsilon."""
         envs = self.make_envs(1, eval_seed(seed))
         try:
-            action = "greedy" if greedy else "sample"
-            returns, _ = play(self.model, envs, episodes, max_episode_steps, action, epsilon, eval_seed(seed))
+            returns, _ = play(self.model, envs, Rules(episodes, max_episode_steps, greedy, epsilon), eval_seed(seed))
         finally:
             envs.close()
         return returns
