@@ -147,6 +147,35 @@ def test_a_gpu_learner_leaves_the_cores_to_the_actors(monkeypatch):
     assert devices.learner_threads(5, torch.device("cuda:0")) == 5
 
 
+def test_a_cpu_learner_in_bf16_takes_one_thread_where_the_actors_fill_the_cores(monkeypatch):
+    monkeypatch.setattr(devices, "usable_cores", lambda: 2)
+    cpu = torch.device("cpu")
+    assert devices.learner_threads(0, cpu, bf16=True, actor_processes=2) == 1
+    assert devices.learner_threads(0, cpu, bf16=False, actor_processes=2) == 2  # fp32: the learner is the slower
+    assert devices.learner_threads(0, cpu, bf16=True, actor_processes=1) == 2  # a core to spare
+    assert devices.learner_threads(0, cpu, bf16=True, actor_processes=0) == 2  # poly role=learner
+    assert devices.learner_threads(3, cpu, bf16=True, actor_processes=2) == 3  # as configured
+
+
+def test_bf16_autocast_left_at_auto_is_on_only_where_it_pays(monkeypatch):
+    from torchbeast_hydra.agent.models import make_model
+    from torchbeast_hydra.env.spaces import probe_env
+
+    def uses_bf16(overrides, device="cpu"):
+        cfg = compose_config(["env=pong", *overrides])
+        return accel.uses_bf16(cfg.accel, torch.device(device), make_model(cfg.model, probe_env(cfg.env)))
+
+    assert compose_config(["env=pong"]).accel.bf16_autocast is None  # auto, the default
+    monkeypatch.setattr(accel, "native_bf16", lambda: True)
+    assert uses_bf16([]) and uses_bf16(["model=resnet"])  # conv-heavy bodies on a CPU with bf16 math
+    assert not uses_bf16([], device="cuda")  # a GPU learner keeps float32 unless asked
+    cartpole = compose_config(TINY)
+    assert not accel.uses_bf16(cartpole.accel, torch.device("cpu"), make_model(cartpole.model, probe_env(cartpole.env)))
+    monkeypatch.setattr(accel, "native_bf16", lambda: False)
+    assert not uses_bf16([])  # emulated bf16 gains nothing
+    assert uses_bf16(["accel.bf16_autocast=true"]) and not uses_bf16(["accel.bf16_autocast=false"])
+
+
 def test_cuda_errors_are_told_from_others():
     assert devices.is_cuda_error(RuntimeError("CUDA error: device-side assert triggered"))
     assert not devices.is_cuda_error(RuntimeError("shapes do not match"))

@@ -707,7 +707,9 @@ def test_channels_last_learns_what_the_contiguous_layout_learns():
 
     results = []
     for layout in ("true", "false"):
-        cfg = compose_config(["env=pong", "model=atari_net", f"accel.channels_last={layout}"])
+        # float32 both ways: left at auto, a CPU with bf16 math would round both to bf16's precision
+        overrides = ["env=pong", "model=atari_net", f"accel.channels_last={layout}", "accel.bf16_autocast=false"]
+        cfg = compose_config(overrides)
         cfg.batch_size, cfg.unroll_length = 4, 10
         spec = probe_env(cfg.env)
         torch.manual_seed(0)

@@ -2,6 +2,7 @@
 resumes a run refuses, in process)."""
 
 import os
+import re
 import shutil
 import signal
 
@@ -48,6 +49,7 @@ def test_tiny_run_writes_logs_checkpoint_and_provenance(tiny_run):
     startup = info["startup"]
     assert startup["device"].startswith("cpu (") and startup["batch"] == "4 unrolls x 16 steps"
     assert startup["acting"].startswith("2 actor processes x 2 envs = 4 envs")
+    assert re.fullmatch(r"1 torch thread|\d+ torch threads", startup["learner"])  # an MLP: float32 on any CPU
     assert startup["model"].startswith("MLPBody, ") and startup["model"].endswith(" parameters")
     assert startup["run dir"] == str(tiny_run.resolve()) and startup["wandb"] == "disabled"
     log = (tiny_run / "torchbeast.log").read_text()

@@ -4,7 +4,6 @@ import math
 import threading
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -101,8 +100,8 @@ def test_a_leaf_of_a_subclassed_space_is_checked_as_its_base_space():
 
 def test_a_float_leafs_limit_is_the_range_of_the_dtype_the_model_computes_in():
     frame = EnvSpec.box((2,), np.float32, 2).leaves[0]
-    bf16 = accel.float_limit(SimpleNamespace(bf16_autocast=True))
-    assert bf16 == torch.finfo(torch.bfloat16).max < accel.float_limit(SimpleNamespace(bf16_autocast=False))
+    bf16 = accel.float_limit(bf16=True)
+    assert bf16 == torch.finfo(torch.bfloat16).max < accel.float_limit(bf16=False)
     near_max = np.array([[0, 0], [3.395e38, 0]], np.float32)  # finite in float32, inf in bf16
     wire.check_leaf(frame, near_max)  # float32: taken
     with pytest.raises(wire.WireError, match=r"frame has values beyond \+-3\.39e\+38, .* for envs \[1\]"):

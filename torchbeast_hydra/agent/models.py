@@ -48,6 +48,9 @@ class Body(nn.Module):
     """
 
     output_size: int
+    # Whether convolutions dominate this body's cost, so that a CPU learner with native bf16 math
+    # computes it faster under bf16 autocast (accel.bf16_autocast=null, auto, turns it on there).
+    bf16_on_cpu: bool = False
 
 
 def _array_shape(obs_shape, model: str) -> tuple:
@@ -96,6 +99,8 @@ def orthogonal_(module: nn.Module, gain: float) -> None:
 class AtariNetBody(Body):
     """TorchBeast's shallow network: three conv layers (as in the DQN Nature paper) + fc 512."""
 
+    bf16_on_cpu = True
+
     def __init__(self, obs_shape: tuple, output_size: int = 512):
         super().__init__()
         channels, height, width = _image_shape(obs_shape, "model=atari_net")
@@ -129,6 +134,8 @@ class ResidualBlock(nn.Module):
 
 class ResNetBody(Body):
     """The IMPALA paper's deep network: stacks of conv + max-pool + two residual blocks."""
+
+    bf16_on_cpu = True
 
     def __init__(self, obs_shape: tuple, channels=(16, 32, 32), output_size: int = 256):
         super().__init__()

@@ -1,7 +1,8 @@
 """Speed options for the learner (`accel:` in the config, config.AccelConfig).
 
 Process-wide switches (cudnn.benchmark, TF32) are set once at start; bf16 autocast wraps the
-model's forward pass only, so V-trace and the losses are computed in fp32 from its outputs;
+model's forward pass only, so V-trace and the losses are computed in fp32 from its outputs (left
+at null, it is on where it was measured to pay: `uses_bf16`);
 torch.compile wraps the learner's model, whose parameters (and checkpoints) stay those of the
 plain module; channels_last changes only how the conv weights are laid out in memory.
 """
@@ -21,22 +22,39 @@ def apply_switches(cfg) -> None:
     torch.backends.cudnn.allow_tf32 = cfg.tf32
 
 
-def autocast(cfg, device: torch.device):
-    """The context the learner's forward pass runs in: bf16 autocast, or nothing."""
-    if not cfg.bf16_autocast:
+def native_bf16() -> bool:
+    """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX), where oneDNN's bf16
+    convolutions run faster than float32's; elsewhere bf16 is emulated and gains nothing."""
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's, private
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def uses_bf16(cfg, device: torch.device, model: nn.Module) -> bool:
+    """accel.bf16_autocast, or (null: auto) whether it pays here: a CPU learner with native bf16
+    math, for a model whose body declares that convolutions dominate its cost (Body.bf16_on_cpu:
+    atari_net, resnet). There the Pong learner's update takes a third less time (docs/performance.md);
+    a GPU learner, or an MLP's, keeps float32 unless asked."""
+    if cfg.bf16_autocast is not None:
+        return cfg.bf16_autocast
+    return device.type == "cpu" and getattr(model.body, "bf16_on_cpu", False) and native_bf16()
+
+
+def autocast(bf16: bool, device: torch.device):
+    """The context the learner's forward pass runs in: bf16 autocast (uses_bf16), or nothing."""
+    if not bf16:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
-def compute_dtype(cfg) -> torch.dtype:
-    """The float dtype the model computes in: bf16 under bf16_autocast (the learner's pass; acting runs
-    in float32, whose range bf16 all but shares), else float32."""
-    return torch.bfloat16 if cfg.bf16_autocast else torch.float32
+def compute_dtype(bf16: bool) -> torch.dtype:
+    """The float dtype the model computes in: bf16 where the learner's pass runs under bf16 autocast
+    (uses_bf16; acting runs in float32, whose range bf16 all but shares), else float32."""
+    return torch.bfloat16 if bf16 else torch.float32
 
 
-def float_limit(cfg) -> float:
+def float_limit(bf16: bool) -> float:
     """The largest magnitude an observation may hold: beyond it the model's compute dtype makes it inf."""
-    return float(torch.finfo(compute_dtype(cfg)).max)
+    return float(torch.finfo(compute_dtype(bf16)).max)
 
 
 def forward_fn(cfg, model: nn.Module):

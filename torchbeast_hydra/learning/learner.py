@@ -308,6 +308,7 @@ class Learner:
         self.device = device
         self.model = model.to(device)
         self.forward = accel.forward_fn(cfg.accel, self.model)  # shares the model's parameters
+        self.bf16 = accel.uses_bf16(cfg.accel, device, self.model)  # the forward pass under bf16 autocast
         self.optimizer = make_optimizer(cfg.optim, model.parameters())
         self.steps = 0  # env steps learned from (real steps: the mask's count)
         self.scheduler = make_scheduler(cfg.optim, self.optimizer, lambda: self.steps, cfg.total_steps)
@@ -358,7 +359,7 @@ class Learner:
 
     def _unroll_inputs(self, batch: dict, initial_core_state: tuple, value_scale) -> LossInputs:
         """The learner's forward pass over whole unrolls and their V-trace targets."""
-        with _stage("learner/forward"), accel.autocast(self.cfg.accel, self.device):
+        with _stage("learner/forward"), accel.autocast(self.bf16, self.device):
             outputs, _ = self.forward(batch, initial_core_state, action="none")
         with _stage("learner/losses"):
             outputs = {key: value.float() for key, value in outputs.items()}  # V-trace and the losses in fp32
@@ -369,7 +370,7 @@ class Learner:
         the batch's real steps, each as a function of the value scale giving its LossInputs. The
         targets and raw advantages come from one forward pass over the whole batch at the start of
         the pass (no gradient): V-trace needs whole unrolls."""
-        with torch.no_grad(), _stage("learner/targets"), accel.autocast(self.cfg.accel, self.device):
+        with torch.no_grad(), _stage("learner/targets"), accel.autocast(self.bf16, self.device):
             outputs, _ = self.forward(batch, initial_core_state, action="none")
             outputs = {key: value.float() for key, value in outputs.items()}
             whole = loss_inputs(self._targets_cfg, batch, outputs, self.model.dist)
@@ -393,7 +394,7 @@ class Learner:
             return values[t, b].unsqueeze(0)
 
         rows = {key: pick(value[:-1]) for key, value in batch.items()}  # the model's input rows 0..T-1
-        with _stage("learner/forward"), accel.autocast(self.cfg.accel, self.device):
+        with _stage("learner/forward"), accel.autocast(self.bf16, self.device):
             outputs, _ = self.forward(rows, (), action="none")
         outputs = {key: value.float() for key, value in outputs.items()}
         taken = {key: pick(value) for key, value in whole.steps.items()}

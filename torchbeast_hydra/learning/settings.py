@@ -108,13 +108,15 @@ class AdamConfig(OptimConfig):
 
 @dataclass
 class AccelConfig:
-    """Speed options (accel.py). Those that change the numbers are off by default; each is
-    checked against the fp32 result in tests/test_gpu.py."""
+    """Speed options (accel.py). Those that change the numbers are off by default, but for bf16
+    autocast where it was measured to pay; each is checked against the fp32 result in tests/test_gpu.py."""
 
     cudnn_benchmark: bool = False  # cuDNN times conv algorithms per input shape and keeps the fastest
     tf32: bool = False  # TF32 matmuls and convolutions on Ampere and later GPUs (10-bit mantissa)
-    # The model's forward pass under bfloat16 autocast (GPU, or CPU); V-trace and the losses stay fp32.
-    bf16_autocast: bool = False
+    # The learner's forward pass under bfloat16 autocast (GPU, or CPU); V-trace and the losses stay fp32.
+    # null (auto): on for a CPU learner with native bf16 math (AVX512-BF16, AMX) and a conv-heavy
+    # model (atari_net, resnet), where it pays (docs/performance.md#cpu-speed-options); else off.
+    bf16_autocast: Optional[bool] = None
     compile: bool = False  # torch.compile the learner's model (a slow first update: it compiles)
     # Conv weights in channels-last memory format, the layout oneDNN (CPU) and cuDNN convolve fastest:
     # the same math up to rounding; on this project's 2-core CPU box the Pong learner's update

@@ -30,12 +30,17 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def learner_threads(configured: int, device: torch.device) -> int:
-    """backend.learner_torch_threads, or (0) what a learner on this device needs."""
+def learner_threads(configured: int, device: torch.device, bf16: bool = False, actor_processes: int = 0) -> int:
+    """backend.learner_torch_threads, or (0) what a learner on this device needs: on a GPU a few;
+    on a CPU the cores, but one where it computes in bf16 and this machine's actor processes fill
+    the cores (2 cores' defaults). Its math then costs less than theirs, so it waits for them, and
+    a second thread only takes cycles from them (docs/performance.md#cpu-speed-options)."""
     if configured:
         return configured
     cores = usable_cores()
-    return min(GPU_LEARNER_THREADS, cores) if device.type == "cuda" else cores
+    if device.type == "cuda":
+        return min(GPU_LEARNER_THREADS, cores)
+    return 1 if bf16 and actor_processes >= cores else cores
 
 
 def to_device(batch: dict, core_state: tuple, device: torch.device) -> tuple[dict, tuple]:

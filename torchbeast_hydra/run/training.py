@@ -68,7 +68,16 @@ class Backend:
     def describe(self) -> dict:
         return {}
 
+    def local_actor_processes(self) -> int:
+        """The processes on this machine that act or step envs, busy beside the learner."""
+        return self.cfg.backend.num_actors
+
     # -- shared ------------------------------------------------------------------------------
+
+    def learner_threads(self) -> int:
+        """Intra-op threads for each learner thread (backend.learner_torch_threads, 0: devices.learner_threads)."""
+        configured, bf16 = self.cfg.backend.learner_torch_threads, self.run.learner.bf16
+        return learner_threads(configured, self.run.device, bf16, self.local_actor_processes())
 
     def fail(self, error: BaseException) -> None:
         """Ends the run with this error (raised by train() once the run is wound up)."""
@@ -77,7 +86,7 @@ class Backend:
 
     def _learn(self) -> None:
         # Per thread: intra-op threads are a per-thread setting.
-        torch.set_num_threads(learner_threads(self.cfg.backend.learner_torch_threads, self.run.device))
+        torch.set_num_threads(self.learner_threads())
         try:
             while not self.run.done:
                 got = self.next_batch()
@@ -93,7 +102,10 @@ class Backend:
     def _log_summary(self) -> None:
         """One block that says what started, in the log and in run_info.yaml."""
         run = self.run.describe()
-        summary = {"device": run.pop("device"), **self.describe(), **run}
+        threads = self.learner_threads()
+        precision = ", bf16 autocast" if self.run.learner.bf16 else ""
+        learner = f"{threads} torch thread{'s' if threads > 1 else ''}{precision}"
+        summary = {"device": run.pop("device"), "learner": learner, **self.describe(), **run}
         width = max(map(len, summary))
         log.info("Starting:\n%s", "\n".join(f"  {key:<{width}}  {value}" for key, value in summary.items()))
         self.run.add_to_run_info("startup", summary)

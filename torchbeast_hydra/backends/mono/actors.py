@@ -308,7 +308,7 @@ class MonoBeast(Backend):
         self.env_cfg = OmegaConf.to_object(cfg.env)
         # One native thread per actor: an actor per core is the machine's share already.
         self.make_envs = envs_maker(self.env_cfg, 1, native=backend.vector_env)
-        self.obs_limit = accel.float_limit(cfg.accel)
+        self.obs_limit = accel.float_limit(run.learner.bf16)
         self.actors = ActorProcesses(
             self._start_actor,
             backend.num_actors,

@@ -139,7 +139,7 @@ class PolyBeast(Backend):
         )
         self.pool = ActorPool(
             run.spec,
-            ServerSettings.from_config(cfg),
+            ServerSettings.from_config(cfg, bf16=run.learner.bf16),
             token=self.token,
             inference=self.inference,
             initial_state=self._initial_state,
@@ -213,6 +213,9 @@ class PolyBeast(Backend):
             backend=f"poly (role={PolyRole(backend.role).value}), ActorPool server on {self.address}",
             acting=f"{acting}; central inference on {self.device.type}, up to {backend.max_batch_size} envs a batch",
         )
+
+    def local_actor_processes(self) -> int:
+        return self.cfg.backend.num_actors if PolyRole(self.cfg.backend.role) is PolyRole.all else 0
 
     def progress(self) -> str:
         return f" Clients {self.pool.connected}, learner queue {self.rollouts.qsize()}."

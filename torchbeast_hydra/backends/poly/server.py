@@ -87,7 +87,8 @@ class ServerSettings:
     float_limit: float = FLOAT32_LIMIT  # float observations beyond it are refused (accel.float_limit)
 
     @classmethod
-    def from_config(cls, cfg) -> ServerSettings:
+    def from_config(cls, cfg, bf16: bool = False) -> ServerSettings:
+        """bf16: whether the learner computes in bf16 (Learner.bf16), which narrows float_limit."""
         backend = cfg.backend
         return cls(
             env_id=cfg.env.id,
@@ -98,7 +99,7 @@ class ServerSettings:
             max_envs_per_client=backend.max_envs_per_client,
             max_clients=backend.max_clients,
             client_idle_timeout_s=backend.client_idle_timeout_s,
-            float_limit=accel.float_limit(cfg.accel),
+            float_limit=accel.float_limit(bf16),
         )
 
 
