@@ -185,6 +185,26 @@ def test_running_norm_learns_from_the_learner_only_and_is_checkpointed():
     assert normalised.abs().max() <= 10.0 and torch.allclose(normalised.mean(0), torch.zeros(3), atol=1e-3)
 
 
+def test_running_norm_keeps_absurd_rows_out_of_its_statistics(caplog):
+    """A broken env's or client's finite 1e30 (float32 takes it) must not swamp the moments for
+    the rest of the run; a dimension that held still and starts to move still counts."""
+    torch.manual_seed(0)
+    clean = [torch.randn(64, 3, dtype=torch.float64) * torch.tensor([1.0, 50.0, 0.0]) + 3 for _ in range(3)]
+    clean[2][:, 2] = torch.randn(64, dtype=torch.float64) * 20  # still until now, then moving
+    norm, reference = RunningNorm(3).train(), RunningNorm(3).train()
+    for i, batch in enumerate(clean):
+        poisoned = batch.clone()
+        if i < 2:
+            poisoned[5 * i : 5 * i + 4, i] = 1e30 * (-1) ** i  # 4 of 64 rows: one client's envs
+        norm(poisoned)
+        reference(batch[[row for row in range(64) if not (i < 2 and 5 * i <= row < 5 * i + 4)]])
+    assert norm.count == reference.count == 64 * 3 - 8 and norm.rows_left_out == 8
+    torch.testing.assert_close(norm.mean, reference.mean)
+    torch.testing.assert_close(norm.var, reference.var)
+    assert norm.var[2] > 50  # the dimension that started to move
+    assert caplog.text.count("left 4 of 64 observations out of the running statistics") == 1  # said once
+
+
 def test_running_norm_with_ranks_merges_the_batches_of_every_rank():
     """With sum_over_ranks (an all_reduce: here, adding the other rank's sums), a rank's statistics
     are those of one norm that saw every rank's batches."""

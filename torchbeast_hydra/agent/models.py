@@ -12,6 +12,7 @@ architecture, write a
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 
@@ -27,6 +28,8 @@ from torchbeast_hydra.agent.settings import AtariNetConfig, MLPConfig, ModelConf
 from torchbeast_hydra.env.actions import ActionSpec
 from torchbeast_hydra.env.spaces import EnvSpec
 from torchbeast_hydra.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 class Body(nn.Module):
@@ -168,10 +171,18 @@ class RunningNorm(nn.Module):
     batch (learner.frozen), so each sample counts once. With data-parallel ranks the learner sets
     `sum_over_ranks`, and every rank merges the moments of all the ranks' batches: their
     statistics, like their weights, stay the same.
+
+    A row with a value absurdly far from the rest of its batch (`outlier_spreads` median absolute
+    deviations from the batch's median, the deviation taken as at least 1) stays out of the
+    statistics: the finite 1e30 of a broken env or client would otherwise swamp the cumulative
+    moments for the rest of the run. The batch's own median, not the running mean, is the
+    reference: robust while such rows are a minority, and not fooled by a dimension that held
+    still until now. The model still sees the row, standardised and clipped like any other.
     """
 
     frozen = False
     sum_over_ranks: Callable[[torch.Tensor], None] | None = None  # in place, as torch.distributed.all_reduce
+    outlier_spreads = 1e4
 
     def __init__(self, size: int, clip: float = 10.0, epsilon: float = 1e-8):
         super().__init__()
@@ -179,6 +190,7 @@ class RunningNorm(nn.Module):
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
         self.register_buffer("mean", torch.zeros(size, dtype=torch.float64))
         self.register_buffer("var", torch.ones(size, dtype=torch.float64))
+        self.rows_left_out = 0  # rows kept out of the statistics as outliers, since this process started
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and torch.is_grad_enabled() and not self.frozen:
@@ -189,6 +201,7 @@ class RunningNorm(nn.Module):
     @torch.no_grad()
     def _update(self, x: torch.Tensor) -> None:
         """Merges the batch's moments into the running ones (Chan et al.'s parallel algorithm)."""
+        x = self._without_outliers(x)
         # Sums, so that ranks can add theirs; about the running mean, so that they stay well conditioned.
         centred = x - self.mean
         sums = torch.cat([centred.new_tensor([x.shape[0]]), centred.sum(0), centred.pow(2).sum(0)])
@@ -201,6 +214,24 @@ class RunningNorm(nn.Module):
         self.var.copy_((self.var * self.count + var * n + offset.pow(2) * self.count * n / total) / total)
         self.mean.add_(offset * n / total)
         self.count.copy_(total)
+
+    def _without_outliers(self, x: torch.Tensor) -> torch.Tensor:
+        median = x.median(0).values
+        spread = (x - median).abs().median(0).values.clamp(min=1.0)
+        fit = ((x - median).abs() <= self.outlier_spreads * spread).all(1)
+        if fit.all():
+            return x
+        if not self.rows_left_out:
+            log.warning(
+                "model.normalize_obs: left %d of %d observations out of the running statistics, each with a "
+                "value beyond %.0e median absolute deviations of its batch (an env or client sending garbage?); "
+                "the model still sees them, clipped. (Said once; RunningNorm.rows_left_out counts them.)",
+                int((~fit).sum()),
+                len(x),
+                self.outlier_spreads,
+            )
+        self.rows_left_out += int((~fit).sum())
+        return x[fit]
 
 
 class ValueNorm(nn.Module):
