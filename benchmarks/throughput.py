@@ -256,7 +256,9 @@ def pipeline_mode(args) -> None:
         for envs in args.envs:
             r = measure_pipeline(maker, args, clients, envs)
             line = (
-                f"{clients:>7} {envs:>11} {r['sps']:>12,.0f} {1e6 / r['sps']:>12.1f} {r['cpu_us']:>11.1f} "
+                # no step in the window (a loaded machine, a short --seconds): no time a step either
+                f"{clients:>7} {envs:>11} {r['sps']:>12,.0f} {_cell(1e6 / r['sps'] if r['sps'] else None, 12, '.1f')} "
+                f"{r['cpu_us']:>11.1f} "
                 f"{r['learner_cpu_us']:>21.1f} "
                 f"{_cell(r['server_us'], 14, '.1f')} {r['gather_us']:>14.1f} {r['inference_batch']:>15.1f}"
             )
