@@ -222,6 +222,8 @@ class NetHackBody(Body):
     """NLE's baseline net: glyph embedding; convs over the full map and over a crop centred on the
     agent; an MLP over the bottom-line stats; two fully connected layers over all three."""
 
+    bf16_on_cpu = True  # its convs over the 21x79 map are most of a step's cost
+
     def __init__(
         self,
         obs_shape,

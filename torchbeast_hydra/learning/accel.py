@@ -32,7 +32,7 @@ def native_bf16() -> bool:
 def uses_bf16(cfg, device: torch.device, model: nn.Module) -> bool:
     """accel.bf16_autocast, or (null: auto) whether it pays here: a CPU learner with native bf16
     math, for a model whose body declares that convolutions dominate its cost (Body.bf16_on_cpu:
-    atari_net, resnet). There the Pong learner's update takes a third less time (docs/performance.md);
+    atari_net, resnet, nethack). There the Pong learner's update takes a third less time (docs/performance.md);
     a GPU learner, or an MLP's, keeps float32 unless asked."""
     if cfg.bf16_autocast is not None:
         return cfg.bf16_autocast

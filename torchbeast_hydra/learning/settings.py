@@ -115,7 +115,7 @@ class AccelConfig:
     tf32: bool = False  # TF32 matmuls and convolutions on Ampere and later GPUs (10-bit mantissa)
     # The learner's forward pass under bfloat16 autocast (GPU, or CPU); V-trace and the losses stay fp32.
     # null (auto): on for a CPU learner with native bf16 math (AVX512-BF16, AMX) and a conv-heavy
-    # model (atari_net, resnet), where it pays (docs/performance.md#cpu-speed-options); else off.
+    # model (atari_net, resnet, nethack), where it pays (docs/performance.md#cpu-speed-options); else off.
     bf16_autocast: Optional[bool] = None
     compile: bool = False  # torch.compile the learner's model (a slow first update: it compiles)
     # Conv weights in channels-last memory format, the layout oneDNN (CPU) and cuDNN convolve fastest:
