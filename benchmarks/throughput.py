@@ -14,16 +14,16 @@
     python benchmarks/throughput.py pipeline --obs float64 --clients 1   # the server's float range check
 
 train (the default mode): trains for --warmup + --seconds of training, by the run's own clock (its
-start-up not counted; once with the config's backend, or once per backend in --backends) and
-prints the steady-state steps/s after the warm-up, as a fraction of the raw single-env rate
-(measured just before, one env on one core), per core, and efficiency = steps/s / (cores x that
-rate); GPU utilisation (when there is a GPU) and peak memory (PSS of the whole process tree, so
-shared buffers count once). Then where a step's time went, in core-microseconds per env step:
-by process (the CPU time of each of the run's processes over the steady window, from /proc),
+start-up not counted; once with the config's backend, or once per backend in --backends) and prints
+the steady-state steps/s after the warm-up, as a fraction of the raw single-env rate (one env on one
+core, the mean of its rate just before the run and just after), per core, and efficiency = steps/s /
+(cores x that rate); GPU utilisation (when there is a GPU) and peak memory (PSS of the whole process
+tree, so shared buffers count once). Then where a step's time went, in core-microseconds per env
+step: by process (the CPU time of each of the run's processes over the steady window, from /proc),
 by stage as the run timed itself (logs.csv: env, inference, server work, batch gathering, learner
-update), and each stage alone on one core after the run (_stages.py). With --steps N, a whole
-run of N steps instead, to its end: its wall-clock rate (start-up and shut-down included) beside
-the steady one.
+update), and each stage alone on one core after the run (_stages.py). With --steps N, a whole run of
+N steps instead, to its end: its wall-clock rate (start-up and shut-down included) beside the steady
+one.
 
 scaling: trains once per actor count in --clients (poly env clients by default; --backend mono
 for mono's actors) and prints a row each: steps/s, the mean central inference batch and its
@@ -151,8 +151,12 @@ def train_mode(args) -> None:
     for backend in args.backends or [None]:
         overrides = [f"backend={backend}", *args.overrides] if backend else args.overrides
         cfg = composed(with_defaults(overrides))
-        raw = env_steps_per_second(cfg.env)  # just before each run: the machine as it is now
+        # The raw rate just before the run and just after, and their mean: a shared machine's speed
+        # drifts by tens of percent within minutes, and a run's fraction should not hang on one side.
+        before = env_steps_per_second(cfg.env)
         run = measure(overrides, args.warmup, args.seconds, args.steps)
+        after = env_steps_per_second(cfg.env)
+        raw = (before + after) / 2
         name = backend or "training"
         if run.sps is None:
             sys.exit(
@@ -163,8 +167,9 @@ def train_mode(args) -> None:
         print(
             f"\n{name}: {run.sps:,.0f} steps/s over {elapsed:.0f} s after {args.warmup:g} s warm-up "
             f"({run.last_step:,} steps in {run.wall:.0f} s wall, exit {run.rc})\n"
-            f"  {run.sps / raw:.2f} of the raw env rate ({raw:,.0f} steps/s: {cfg.env.id}, one env, one core, "
-            f"random actions); per core {run.sps / cores:,.0f} steps/s, efficiency {run.sps / (cores * raw):.2f}\n"
+            f"  {run.sps / raw:.2f} of the raw env rate ({raw:,.0f} steps/s, the mean of {before:,.0f} before the run "
+            f"and {after:,.0f} after: {cfg.env.id}, one env, one core, random actions); "
+            f"per core {run.sps / cores:,.0f} steps/s, efficiency {run.sps / (cores * raw):.2f}\n"
             f"  GPU {run.gpu}; peak memory {run.peak / 2**20:,.0f} MiB (PSS, whole process tree)",
             flush=True,
         )
