@@ -216,21 +216,22 @@ class RunningNorm(nn.Module):
         self.count.copy_(total)
 
     def _without_outliers(self, x: torch.Tensor) -> torch.Tensor:
-        median = x.median(0).values
-        spread = (x - median).abs().median(0).values.clamp(min=1.0)
-        fit = ((x - median).abs() <= self.outlier_spreads * spread).all(1)
-        if fit.all():
+        deviation = (x - x.median(0).values).abs()
+        spread = deviation.median(0).values.clamp(min=1.0)
+        fit = (deviation <= self.outlier_spreads * spread).all(1)
+        left_out = len(x) - int(fit.sum())  # the one read back from the device
+        if not left_out:
             return x
         if not self.rows_left_out:
             log.warning(
                 "model.normalize_obs: left %d of %d observations out of the running statistics, each with a "
                 "value beyond %.0e median absolute deviations of its batch (an env or client sending garbage?); "
                 "the model still sees them, clipped. (Said once; RunningNorm.rows_left_out counts them.)",
-                int((~fit).sum()),
+                left_out,
                 len(x),
                 self.outlier_spreads,
             )
-        self.rows_left_out += int((~fit).sum())
+        self.rows_left_out += left_out
         return x[fit]
 
 

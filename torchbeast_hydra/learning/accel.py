@@ -46,15 +46,11 @@ def autocast(bf16: bool, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
-def compute_dtype(bf16: bool) -> torch.dtype:
-    """The float dtype the model computes in: bf16 where the learner's pass runs under bf16 autocast
-    (uses_bf16; acting runs in float32, whose range bf16 all but shares), else float32."""
-    return torch.bfloat16 if bf16 else torch.float32
-
-
 def float_limit(bf16: bool) -> float:
-    """The largest magnitude an observation may hold: beyond it the model's compute dtype makes it inf."""
-    return float(torch.finfo(compute_dtype(bf16)).max)
+    """The largest magnitude an observation may hold: beyond it the dtype the model computes in makes
+    it inf. That is bf16 where the learner's pass runs under bf16 autocast (uses_bf16; acting runs in
+    float32, whose range bf16 all but shares), else float32."""
+    return float(torch.finfo(torch.bfloat16 if bf16 else torch.float32).max)
 
 
 def forward_fn(cfg, model: nn.Module):
