@@ -14,16 +14,16 @@
     python benchmarks/throughput.py pipeline --obs float64 --clients 1   # the server's float range check
 
 train (the default mode): trains for --warmup + --seconds of training, by the run's own clock (its
-start-up not counted; once with the config's backend, or once per backend in --backends) and prints
-the steady-state steps/s after the warm-up, as a fraction of the raw single-env rate (one env on one
-core, the mean of its rate just before the run and just after), per core, and efficiency = steps/s /
-(cores x that rate); GPU utilisation (when there is a GPU) and peak memory (PSS of the whole process
-tree, so shared buffers count once). Then where a step's time went, in core-microseconds per env
-step: by process (the CPU time of each of the run's processes over the steady window, from /proc),
-by stage as the run timed itself (logs.csv: env, inference, server work, batch gathering, learner
-update), and each stage alone on one core after the run (_stages.py). With --steps N, a whole run of
-N steps instead, to its end: its wall-clock rate (start-up and shut-down included) beside the steady
-one.
+start-up not counted; the default warm-up covers the learner's thread trial, run/thread_trial.py;
+once with the config's backend, or once per backend in --backends) and prints the steady-state
+steps/s after the warm-up, as a fraction of the raw single-env rate (one env on one core, the mean
+of its rate just before the run and just after), per core, and efficiency = steps/s / (cores x that
+rate); GPU utilisation (when there is a GPU) and peak memory (PSS of the whole process tree, so
+shared buffers count once). Then where a step's time went, in core-microseconds per env step: by
+process (the CPU time of each of the run's processes over the steady window, from /proc), by stage
+as the run timed itself (logs.csv: env, inference, server work, batch gathering, learner update),
+and each stage alone on one core after the run (_stages.py). With --steps N, a whole run of N steps
+instead, to its end: its wall-clock rate (start-up and shut-down included) beside the steady one.
 
 scaling: trains once per actor count in --clients (poly env clients by default; --backend mono
 for mono's actors) and prints a row each: steps/s, the mean central inference batch and its
@@ -284,7 +284,12 @@ def parser() -> argparse.ArgumentParser:
         "--backends", nargs="+", choices=["mono", "poly"], help="one run per backend (default: the config's backend)"
     )
     training.add_argument("--seconds", type=float, default=90.0, help="training time to measure")
-    training.add_argument("--warmup", type=float, default=20.0, help="seconds excluded at the start")
+    training.add_argument(
+        "--warmup",
+        type=float,
+        default=60.0,
+        help="seconds excluded at the start (the learner's thread trial ends in them)",
+    )
     training.add_argument(
         "--steps", type=int, help="a whole run of this many steps instead, to its end: its wall-clock rate too"
     )
@@ -294,7 +299,7 @@ def parser() -> argparse.ArgumentParser:
     scaling.add_argument("--clients", "--actors", type=int, nargs="+", default=[1, 2, 4, 8], help="backend.num_actors")
     scaling.add_argument("--backend", choices=["mono", "poly"], default="poly")
     scaling.add_argument("--seconds", type=float, default=40.0)
-    scaling.add_argument("--warmup", type=float, default=20.0)
+    scaling.add_argument("--warmup", type=float, default=60.0)
     scaling.add_argument("overrides", nargs="*", help="Hydra overrides for every run")
 
     pipe = modes.add_parser("pipeline", help="poly's own ceiling with a zero-cost env and a trivial policy")

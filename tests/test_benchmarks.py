@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from torchbeast_hydra.run import thread_trial
+
 from helpers import BENCHMARKS, import_benchmark, run_command, write_run
 
 
@@ -22,9 +24,11 @@ def test_train_is_the_default_mode(throughput):
         "train",
         ["backend=poly"],
         90.0,
-        20.0,
+        60.0,
         None,
     )
+    # The warm-up outlasts the learner's thread trial: its two windows and the updates between them.
+    assert args.warmup >= 2 * thread_trial.WINDOW_S + 15
     assert throughput.parse_args([]).mode == "train"
     assert throughput.parse_args(["--seconds", "120"]).seconds == 120.0
 
@@ -35,7 +39,7 @@ def test_hydra_overrides_may_follow_a_list_option(throughput):
     args = throughput.parse_args(["train", "--backends", "mono", "poly", "backend.num_actors=16", "--warmup", "30"])
     assert (args.backends, args.warmup, args.overrides) == (["mono", "poly"], 30.0, ["backend.num_actors=16"])
     args = throughput.parse_args(["scaling", "--actors", "4", "8", "--backend", "mono"])
-    assert (args.clients, args.backend, args.seconds, args.warmup) == ([4, 8], "mono", 40.0, 20.0)
+    assert (args.clients, args.backend, args.seconds, args.warmup) == ([4, 8], "mono", 40.0, 60.0)
 
 
 @pytest.mark.parametrize("mode, option", [("train", "--backends"), ("scaling", "--actors"), ("pipeline", "--learner")])

@@ -23,8 +23,9 @@ class BackendConfig:
     # Envs per actor, stepped together: evaluated as one batch (mono) or sent as one message (poly).
     # 0: auto (auto_actors): mono 16 envs in all (at least 4 each), poly 4 per core a client gets (at least 16).
     envs_per_actor: int = 0
-    # Intra-op threads per learner thread; 0: auto (a CPU learner: the cores this process may use;
-    # a GPU learner: a few, enough for its host-side copies, leaving the cores to the actors).
+    # Intra-op threads per learner thread; 0: auto (a CPU learner: the cores this process may use,
+    # but one in bf16 where the actor processes fill the cores, tried against the cores once the
+    # run shows which side waits, run/thread_trial.py; a GPU learner: a few, for its host-side copies).
     learner_torch_threads: int = 0
     # Learner updates between copies of the weights to the acting policy (mono's actors, poly's
     # inference). 1: after every update. On a GPU the copy never makes the learner wait.

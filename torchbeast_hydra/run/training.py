@@ -9,9 +9,10 @@ import time
 
 import torch
 
-from torchbeast_hydra.run.devices import learner_threads, to_device
+from torchbeast_hydra.run.devices import learner_threads, to_device, usable_cores
 from torchbeast_hydra.run.publish import WeightPublisher
 from torchbeast_hydra.run.signals import StopOnSignals
+from torchbeast_hydra.run.thread_trial import ThreadTrial
 from torchbeast_hydra.run.training_run import TrainingRun
 
 log = logging.getLogger(__name__)
@@ -74,37 +75,46 @@ class Backend:
 
     # -- shared ------------------------------------------------------------------------------
 
-    def learner_threads(self) -> int:
-        """Intra-op threads for each learner thread (backend.learner_torch_threads, 0: devices.learner_threads)."""
+    def learner_threads(self) -> ThreadTrial:
+        """Intra-op threads for each learner thread: backend.learner_torch_threads, or (0)
+        devices.learner_threads' choice, which a CPU learner given fewer than the cores then tries
+        against the cores (thread_trial.py)."""
         configured, bf16 = self.cfg.backend.learner_torch_threads, self.run.learner.bf16
-        return learner_threads(configured, self.run.device, bf16, self.local_actor_processes())
+        chosen = learner_threads(configured, self.run.device, bf16, self.local_actor_processes())
+        on_trial = not configured and self.run.device.type == "cpu"
+        return ThreadTrial(chosen, usable_cores() if on_trial else chosen)
 
     def fail(self, error: BaseException) -> None:
         """Ends the run with this error (raised by train() once the run is wound up)."""
         self._errors.append(error)
         self.run.stop_requested.set()
 
-    def _learn(self) -> None:
-        # Per thread: intra-op threads are a per-thread setting.
-        torch.set_num_threads(self.learner_threads())
+    def _learn(self, trial: ThreadTrial) -> None:
+        threads = None
         try:
             while not self.run.done:
+                if trial.threads != threads:  # per thread: intra-op threads are a per-thread setting
+                    threads = trial.threads
+                    torch.set_num_threads(threads)
                 got = self.next_batch()
                 if got is None:
                     return
                 batch, core_state, observed = got
                 figures = self.run.batch_figures(batch)  # from the CPU copy: no wait on the device
-                self.run.update(*to_device(batch, core_state, self.run.device), observed, figures)
+                row = self.run.update(*to_device(batch, core_state, self.run.device), observed, figures)
+                if row is not None:
+                    trial.observe(row)
                 self.publisher.after_update()
         except BaseException as error:  # surfaced by the main thread
             self.fail(error)
 
-    def _log_summary(self) -> None:
+    def _log_summary(self, trial: ThreadTrial) -> None:
         """One block that says what started, in the log and in run_info.yaml."""
         run = self.run.describe()
-        threads = self.learner_threads()
+        on_trial = "" if trial.settled else f" ({trial.cores} if it proves the slower side)"
         precision = ", bf16 autocast" if self.run.learner.bf16 else ""
-        learner = f"{threads} torch thread{'s' if threads > 1 else ''}{precision}"
+        plural = "s" if trial.threads > 1 else ""
+        learner = f"{trial.threads} torch thread{plural}{on_trial}{precision}"
         summary = {"device": run.pop("device"), "learner": learner, **self.describe(), **run}
         width = max(map(len, summary))
         log.info("Starting:\n%s", "\n".join(f"  {key:<{width}}  {value}" for key, value in summary.items()))
@@ -128,8 +138,9 @@ class Backend:
 
     def train(self) -> None:
         run = self.run
+        trial = self.learner_threads()
         learners = [
-            threading.Thread(target=self._learn, name=f"learner-{i}", daemon=True)
+            threading.Thread(target=self._learn, args=(trial,), name=f"learner-{i}", daemon=True)
             for i in range(self.num_learner_threads)
         ]
         with StopOnSignals(run.stop_wanted) as run.stopped_by:
@@ -140,7 +151,7 @@ class Backend:
                 self.shut_down()
                 raise
             try:
-                self._log_summary()
+                self._log_summary(trial)
                 for thread in learners:
                     thread.start()
                 last_log = time.monotonic()

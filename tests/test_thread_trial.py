@@ -1,0 +1,108 @@
+"""The learner's thread trial: one thread where the actors are the slower side, the cores where the
+learner is and they pay, and the learner threads applying whatever it holds."""
+
+import logging
+
+import torch
+
+from torchbeast_hydra.run import thread_trial
+from torchbeast_hydra.run.thread_trial import ThreadTrial
+from torchbeast_hydra.run.training import Backend
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def feed(trial: ThreadTrial, clock: Clock, updates: int, steps_per_s: float, busy: float, step: int = 0) -> int:
+    """Rows of 0.1 s apart, each a 0.1 * busy s update of 0.1 * steps_per_s steps."""
+    for _ in range(updates):
+        clock.now += 0.1
+        step += round(0.1 * steps_per_s)
+        trial.observe({"step": step, "update_ms": 100 * busy})
+    return step
+
+
+def window_updates() -> int:
+    return round(thread_trial.WINDOW_S / 0.1) + 1
+
+
+def test_a_learner_that_waits_for_rollouts_keeps_its_one_thread(caplog):
+    clock = Clock()
+    trial = ThreadTrial(1, 2, clock)
+    with caplog.at_level(logging.INFO):
+        feed(trial, clock, thread_trial.WARMUP_UPDATES + window_updates(), 1000, busy=0.7)
+    assert trial.settled and trial.threads == 1
+    assert "the learner waits for rollouts (70% busy): it keeps 1 thread" in caplog.text
+
+
+def test_a_busy_learner_keeps_the_cores_when_they_step_faster(caplog):
+    clock = Clock()
+    trial = ThreadTrial(1, 2, clock)
+    with caplog.at_level(logging.INFO):
+        step = feed(trial, clock, thread_trial.WARMUP_UPDATES + window_updates(), 380, busy=0.95)
+        assert trial.threads == 2 and not trial.settled  # on trial
+        feed(trial, clock, thread_trial.SETTLE_UPDATES + window_updates(), 440, busy=0.95, step=step)
+    assert trial.settled and trial.threads == 2
+    assert "2 threads stepped at 440/s against 380 on 1 thread: it keeps 2 threads" in caplog.text
+
+
+def test_a_busy_learner_goes_back_to_one_thread_when_the_cores_do_not_pay(caplog):
+    clock = Clock()
+    trial = ThreadTrial(1, 2, clock)
+    with caplog.at_level(logging.INFO):
+        step = feed(trial, clock, thread_trial.WARMUP_UPDATES + window_updates(), 1000, busy=0.9)
+        feed(trial, clock, thread_trial.SETTLE_UPDATES + window_updates(), 1020, busy=0.95, step=step)
+    assert trial.settled and trial.threads == 1
+    assert "it keeps 1 thread" in caplog.text
+    more = feed(trial, clock, 2 * window_updates(), 5000, busy=1.0, step=step)  # decided once a run
+    assert more > step and trial.threads == 1
+
+
+def test_a_learner_with_the_cores_or_as_configured_is_never_tried():
+    clock = Clock()
+    for trial in (ThreadTrial(2, 2, clock), ThreadTrial(1, 1, clock)):
+        assert trial.settled
+        feed(trial, clock, thread_trial.WARMUP_UPDATES + 3 * window_updates(), 100, busy=1.0)
+        assert trial.threads == trial.first
+
+
+class FakeRun:
+    """What Backend._learn touches of a TrainingRun: one 10-step row per update."""
+
+    device = torch.device("cpu")
+    done = False
+
+    def __init__(self):
+        self.step = 0
+
+    @staticmethod
+    def batch_figures(batch):
+        return 10, []
+
+    def update(self, batch, core_state, observed, figures):
+        self.step += 10
+        return {"step": self.step, "update_ms": 100.0}
+
+
+class Publisher:
+    def after_update(self):
+        pass
+
+
+def test_the_learner_threads_apply_what_the_trial_holds(monkeypatch):
+    """Each learner thread sets its intra-op threads when the trial changes them, and only then."""
+    backend = Backend.__new__(Backend)  # its learner loop alone, on a fake run
+    backend.run, backend.publisher, backend._errors = FakeRun(), Publisher(), []
+    batches = iter(range(thread_trial.WARMUP_UPDATES + 2))
+    backend.next_batch = lambda: ({}, (), {}) if next(batches, None) is not None else None
+    trial = ThreadTrial(1, 2, Clock())
+    trial.observe = lambda row: setattr(trial, "threads", 2 if row["step"] >= 50 else 1)
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    backend._learn(trial)
+    assert calls == [1, 2] and not backend._errors
