@@ -3,6 +3,7 @@ learner is and they pay, and the learner threads applying whatever it holds."""
 
 import logging
 
+import pytest
 import torch
 
 from torchbeast_hydra.run import thread_trial
@@ -40,27 +41,22 @@ def test_a_learner_that_waits_for_rollouts_keeps_its_one_thread(caplog):
     assert "the learner waits for rollouts (70% busy): it keeps 1 thread" in caplog.text
 
 
-def test_a_busy_learner_keeps_the_cores_when_they_step_faster(caplog):
+@pytest.mark.parametrize(
+    "rate_on_the_cores, kept",
+    [(440, "2 threads stepped at 440/s against 380 on 1 thread: it keeps 2 threads"), (390, "it keeps 1 thread")],
+)
+def test_a_busy_learner_keeps_the_cores_only_if_they_step_faster(caplog, rate_on_the_cores, kept):
     clock = Clock()
     trial = ThreadTrial(1, 2, clock)
     with caplog.at_level(logging.INFO):
         step = feed(trial, clock, thread_trial.WARMUP_UPDATES + window_updates(), 380, busy=0.95)
         assert trial.threads == 2 and not trial.settled  # on trial
-        feed(trial, clock, thread_trial.SETTLE_UPDATES + window_updates(), 440, busy=0.95, step=step)
-    assert trial.settled and trial.threads == 2
-    assert "2 threads stepped at 440/s against 380 on 1 thread: it keeps 2 threads" in caplog.text
-
-
-def test_a_busy_learner_goes_back_to_one_thread_when_the_cores_do_not_pay(caplog):
-    clock = Clock()
-    trial = ThreadTrial(1, 2, clock)
-    with caplog.at_level(logging.INFO):
-        step = feed(trial, clock, thread_trial.WARMUP_UPDATES + window_updates(), 1000, busy=0.9)
-        feed(trial, clock, thread_trial.SETTLE_UPDATES + window_updates(), 1020, busy=0.95, step=step)
-    assert trial.settled and trial.threads == 1
-    assert "it keeps 1 thread" in caplog.text
-    more = feed(trial, clock, 2 * window_updates(), 5000, busy=1.0, step=step)  # decided once a run
-    assert more > step and trial.threads == 1
+        step = feed(trial, clock, thread_trial.SETTLE_UPDATES + window_updates(), rate_on_the_cores, 0.95, step)
+    assert trial.settled and kept in caplog.text
+    assert trial.threads == (2 if rate_on_the_cores > 380 * thread_trial.GAIN else 1)
+    threads = trial.threads
+    feed(trial, clock, 2 * window_updates(), 5000, busy=1.0, step=step)  # decided once a run
+    assert trial.threads == threads
 
 
 def test_a_learner_with_the_cores_or_as_configured_is_never_tried():
