@@ -176,6 +176,35 @@ def test_bf16_autocast_left_at_auto_is_on_only_where_it_pays(monkeypatch):
     assert uses_bf16(["accel.bf16_autocast=true"]) and not uses_bf16(["accel.bf16_autocast=false"])
 
 
+def test_acting_in_bf16_follows_the_learner_unless_set():
+    cfg = compose_config(TINY).accel
+    assert cfg.bf16_acting is None  # the default
+    assert accel.acts_in_bf16(cfg, learner_bf16=True) and not accel.acts_in_bf16(cfg, learner_bf16=False)
+    cfg.bf16_acting = False
+    assert not accel.acts_in_bf16(cfg, learner_bf16=True)
+    cfg.bf16_acting = True
+    assert accel.acts_in_bf16(cfg, learner_bf16=False)
+
+
+def test_poly_inference_in_bf16_samples_from_fp32_heads_and_sees_each_new_weight():
+    from torchbeast_hydra.backends.poly.backend import CentralInference, PolyBeast
+
+    backend = PolyBeast.__new__(PolyBeast)  # only what _initial_state needs
+    backend.policy = policy = lstm_model().eval()
+    inputs = {key: value[0] for key, value in model_inputs(1, 3).items()}
+    inputs.update({f"core_state_{i}": s for i, s in enumerate(backend._initial_state(3))})
+    fp32 = CentralInference(policy, threading.Lock(), publisher=None, device=torch.device("cpu"))(inputs)
+    infer = CentralInference(policy, threading.Lock(), publisher=None, device=torch.device("cpu"), bf16=True)
+    bf16 = infer(inputs)
+    for key in ("policy_logits", "baseline"):
+        assert bf16[key].dtype == torch.float32, key
+        assert torch.allclose(bf16[key], fp32[key], atol=0.05) and not torch.equal(bf16[key], fp32[key]), key
+    with torch.no_grad():  # new weights, as the learner publishes them
+        for parameter in policy.parameters():
+            parameter.zero_()
+    assert (infer(inputs)["policy_logits"] == 0).all()  # not a bf16 copy of the old ones
+
+
 def test_cuda_errors_are_told_from_others():
     assert devices.is_cuda_error(RuntimeError("CUDA error: device-side assert triggered"))
     assert not devices.is_cuda_error(RuntimeError("shapes do not match"))

@@ -234,6 +234,37 @@ def test_actors_write_each_steps_observation_even_when_the_envs_hand_back_new_ar
     assert (buffers["frame"][:, [0, 2]] == 0).all()  # buffers not granted are left alone
 
 
+def test_actors_acting_in_bf16_write_fp32_logits_and_see_each_new_weight():
+    """Autocast keeps bf16 copies of the weights until its context ends: an actor that held one
+    context around its whole loop would act with the first weights it saw for the rest of the run."""
+    from torchbeast_hydra.agent.models import make_model
+    from torchbeast_hydra.env.spaces import EnvSpec
+
+    spec = EnvSpec.box((4,), "uint8", 3)
+    torch.manual_seed(0)
+    model = make_model({"_target_": "torchbeast_hydra.agent.models.MLPBody", "hidden_sizes": [8]}, spec)
+    T, count = 3, 4
+    buffers, states = actors.create_buffers(spec, T, count), actors.create_state_buffers(model, count)
+    guard = actors.ObservationGuard(spec, "FreshArrays", limit=3e38, clip=False)
+    pipe = Grants([0, 1])
+    pipe.messages.insert(1, actors._encode([2, 3]))
+    grant = pipe.recv_bytes
+
+    def new_weights_before_the_second_grant() -> bytes:
+        if len(pipe.messages) == 2:
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    parameter.zero_()
+        return grant()
+
+    pipe.recv_bytes = new_weights_before_the_second_grant
+    actors._act(FreshArrays(spec, num_envs=2), guard, T, model, buffers, states, pipe, bf16=True)
+    logits = buffers["policy_logits"]
+    assert logits.dtype == torch.float32 and len(pipe.sent) == 2
+    assert (logits[1:, [0, 1]] != 0).any()  # the first unroll, with the first weights
+    assert (logits[1:, [2, 3]] == 0).all()  # the second, with the zeroed ones
+
+
 @pytest.mark.parametrize("vector_env", [True, False], ids=["native-vector-env", "gymnasium-envs"])
 def test_pong_run_with_atari_net(tmp_path, vector_env):
     run_dir = tmp_path / "run"

@@ -357,11 +357,14 @@ class ActorCritic(nn.Module):
         if self.use_lstm:
             core_output, core_state = self._lstm(core_input.view(T, B, -1), inputs["done"], core_state)
             core_output = core_output.flatten(0, 1)
+            core_state = tuple(s.float() for s in core_state)  # carried between passes: fp32, as stored
         else:
             core_output = core_input
-        params = self.policy(core_output)
+        # The outputs in fp32, under bf16 autocast too: actions are sampled from them, and V-trace
+        # and the losses read them.
+        params = self.policy(core_output).float()
         critic_input = core_output if self.critic_body is None else self._core_input(self.critic_body, inputs)
-        baseline = self.baseline(critic_input)
+        baseline = self.baseline(critic_input).float()
         if self.value_norm is not None:
             baseline = self.value_norm.denormalize(baseline)
         outputs = dict(policy_logits=params.view(T, B, -1), baseline=baseline.view(T, B))

@@ -1,4 +1,4 @@
-"""Speed options for the learner (`accel:` in the config, config.AccelConfig).
+"""Speed options for the learner and acting (`accel:` in the config, config.AccelConfig).
 
 Process-wide switches (cudnn.benchmark, TF32) are set once at start; bf16 autocast wraps the
 model's forward pass only, so V-trace and the losses are computed in fp32 from its outputs (left
@@ -39,6 +39,12 @@ def uses_bf16(cfg, device: torch.device, model: nn.Module) -> bool:
     return device.type == "cpu" and getattr(model.body, "bf16_on_cpu", False) and native_bf16()
 
 
+def acts_in_bf16(cfg, learner_bf16: bool) -> bool:
+    """accel.bf16_acting, or (null) as the learner computes: acting runs the same convolutions on
+    batches of a few envs, where bf16 pays as it does for the learner (docs/performance.md)."""
+    return learner_bf16 if cfg.bf16_acting is None else cfg.bf16_acting
+
+
 def autocast(bf16: bool, device: torch.device):
     """The context the learner's forward pass runs in: bf16 autocast (uses_bf16), or nothing."""
     if not bf16:
@@ -48,8 +54,8 @@ def autocast(bf16: bool, device: torch.device):
 
 def float_limit(bf16: bool) -> float:
     """The largest magnitude an observation may hold: beyond it the dtype the model computes in makes
-    it inf. That is bf16 where the learner's pass runs under bf16 autocast (uses_bf16; acting runs in
-    float32, whose range bf16 all but shares), else float32."""
+    it inf. That is bf16 where the learner's or acting's pass runs under bf16 autocast (uses_bf16,
+    acts_in_bf16), else float32."""
     return float(torch.finfo(torch.bfloat16 if bf16 else torch.float32).max)
 
 

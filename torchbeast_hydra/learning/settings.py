@@ -117,6 +117,9 @@ class AccelConfig:
     # null (auto): on for a CPU learner with native bf16 math (AVX512-BF16, AMX) and a conv-heavy
     # model (atari_net, resnet, nethack), where it pays (docs/performance.md#cpu-speed-options); else off.
     bf16_autocast: Optional[bool] = None
+    # Acting's forward pass (mono's actors, poly's central inference) under bfloat16 autocast; the
+    # heads' outputs, and so the sampled actions and behaviour logits, stay fp32. null: as the learner.
+    bf16_acting: Optional[bool] = None
     compile: bool = False  # torch.compile the learner's model (a slow first update: it compiles)
     # Conv weights in channels-last memory format, the layout oneDNN (CPU) and cuDNN convolve fastest:
     # the same math up to rounding; on this project's 2-core CPU box the Pong learner's update

@@ -9,6 +9,7 @@ import time
 
 import torch
 
+from torchbeast_hydra.learning import accel
 from torchbeast_hydra.run.devices import learner_threads, to_device, usable_cores
 from torchbeast_hydra.run.publish import WeightPublisher
 from torchbeast_hydra.run.signals import StopOnSignals
@@ -48,6 +49,9 @@ class Backend:
             run.learner.model, policy, run.lock, self.weights_lock, cfg.backend.publish_interval
         )
         self.publisher.publish_now()
+        self.bf16_acting = accel.acts_in_bf16(cfg.accel, run.learner.bf16)
+        # Observations beyond it would be inf in the model: refused (mono's guard, poly's server).
+        self.float_limit = accel.float_limit(run.learner.bf16 or self.bf16_acting)
 
     # -- what a backend supplies -------------------------------------------------------------
 
@@ -113,6 +117,7 @@ class Backend:
         run = self.run.describe()
         on_trial = "" if trial.settled else f" ({trial.cores} if it proves the slower side)"
         precision = ", bf16 autocast" if self.run.learner.bf16 else ""
+        precision += ", acting in bf16" if self.bf16_acting else ""
         plural = "s" if trial.threads > 1 else ""
         learner = f"{trial.threads} torch thread{plural}{on_trial}{precision}"
         summary = {"device": run.pop("device"), "learner": learner, **self.describe(), **run}

@@ -215,10 +215,11 @@ class BufferPool:
 
 
 def actor_main(
-    env_id, make_envs, num_envs, seed, unroll_length, model, buffers, state_buffers, conn, obs_limit, clip_obs
+    env_id, make_envs, num_envs, seed, unroll_length, model, buffers, state_buffers, conn, obs_limit, clip_obs, bf16
 ):
     """An actor process: fill the granted buffers with unrolls until told to stop. make_envs:
-    env/native.py's maker (the native vector env for Atari ids, else the gymnasium envs)."""
+    env/native.py's maker (the native vector env for Atari ids, else the gymnasium envs); bf16:
+    its forward passes under bf16 autocast (accel.acts_in_bf16)."""
     torch.set_num_threads(1)  # one core-sized slice each; the learner gets the rest
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the learner, which stops us
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # SLURM signals the whole job; the parent handles it
@@ -226,7 +227,7 @@ def actor_main(
     envs = make_envs(num_envs, seed)
     guard = ObservationGuard(envs.spec, env_id, obs_limit, clip_obs)
     try:
-        _act(envs, guard, unroll_length, model, buffers, state_buffers, conn)
+        _act(envs, guard, unroll_length, model, buffers, state_buffers, conn, bf16)
     except (EOFError, ConnectionError, KeyboardInterrupt):
         pass  # the learner is gone (stopped us, or died: a reset pipe) or stopping
     except BadObservation as error:  # the learner stops the run with this text; we wait to be stopped
@@ -251,11 +252,16 @@ def _observe(outputs: dict, guard: ObservationGuard) -> dict:
     return {key: torch.from_numpy(array).unsqueeze(0) for key, array in outputs.items()}
 
 
-def _act(envs, guard, unroll_length, model, buffers, state_buffers, conn) -> None:
+def _act(envs, guard, unroll_length, model, buffers, state_buffers, conn, bf16: bool = False) -> None:
+    def policy(env_output: dict, core_state: tuple):
+        # A context per pass: autocast keeps its bf16 copies of the weights until its context
+        # ends, and the learner rewrites them between passes.
+        with torch.no_grad(), accel.autocast(bf16, torch.device("cpu")):
+            return model(env_output, core_state)
+
     env_output = _observe(envs.initial(), guard)
     core_state = model.initial_state(len(envs))
-    with torch.no_grad():
-        agent_output, _ = model(env_output, core_state)
+    agent_output, _ = policy(env_output, core_state)
     agent_output = {key: torch.zeros_like(value) for key, value in agent_output.items()}
     keys = env_keys(envs.spec)  # ENV_KEYS, with the observation's leaves in frame's place
 
@@ -277,8 +283,7 @@ def _act(envs, guard, unroll_length, model, buffers, state_buffers, conn) -> Non
         for t in range(1, unroll_length + 1):
             # CPU time, not wall: core-seconds even when other processes share the cores.
             started = time.process_time()
-            with torch.no_grad():
-                agent_output, core_state = model(env_output, core_state)
+            agent_output, core_state = policy(env_output, core_state)
             stepped = time.process_time()
             env_output = _observe(envs.step(agent_output["action"][0].numpy()), guard)
             env_s, inference_s = env_s + time.process_time() - stepped, inference_s + stepped - started
@@ -308,7 +313,6 @@ class MonoBeast(Backend):
         self.env_cfg = OmegaConf.to_object(cfg.env)
         # One native thread per actor: an actor per core is the machine's share already.
         self.make_envs = envs_maker(self.env_cfg, 1, native=backend.vector_env)
-        self.obs_limit = accel.float_limit(run.learner.bf16)
         self.actors = ActorProcesses(
             self._start_actor,
             backend.num_actors,
@@ -339,8 +343,9 @@ class MonoBeast(Backend):
                 self.buffers,
                 self.state_buffers,
                 actor_end,
-                self.obs_limit,
+                self.float_limit,
                 backend.clip_obs_to_model_range,
+                self.bf16_acting,
             ),
             daemon=True,
         )

@@ -39,6 +39,7 @@ from torchbeast_hydra.backends.poly.settings import LocalTransport, PolyRole, sp
 from torchbeast_hydra.env.native import envs_maker
 from torchbeast_hydra.env.spaces import probe_env
 from torchbeast_hydra.errors import ConfigError
+from torchbeast_hydra.learning import accel
 from torchbeast_hydra.logs.metrics import measured
 from torchbeast_hydra.run.devices import usable_cores
 from torchbeast_hydra.run.signals import StopOnSignals
@@ -126,7 +127,7 @@ class PolyBeast(Backend):
         self.device = run.device
         on_gpu = run.device.type == "cuda"
         self.rollouts = RolloutQueue(backend.learner_queue_size, pin=on_gpu)
-        self.central = CentralInference(self.policy, self.weights_lock, self.publisher, run.device)
+        self.central = CentralInference(self.policy, self.weights_lock, self.publisher, run.device, self.bf16_acting)
         self.inference = DynamicBatcher(
             self.central,
             backend.max_batch_size,
@@ -139,7 +140,7 @@ class PolyBeast(Backend):
         )
         self.pool = ActorPool(
             run.spec,
-            ServerSettings.from_config(cfg, bf16=run.learner.bf16),
+            ServerSettings.from_config(cfg, float_limit=self.float_limit),
             token=self.token,
             inference=self.inference,
             initial_state=self._initial_state,
@@ -275,8 +276,9 @@ class CentralInference:
     and for the last batch it answered in full too (a lone client's batch says nothing of the model).
     """
 
-    def __init__(self, policy, weights_lock, publisher, device: torch.device):
+    def __init__(self, policy, weights_lock, publisher, device: torch.device, bf16: bool = False):
         self.policy = policy
+        self.bf16 = bf16  # the policy's pass under bf16 autocast (accel.acts_in_bf16)
         self.weights_lock = weights_lock
         self.publisher = publisher
         # On a GPU, inference has its own stream: it never queues behind the learner's update.
@@ -322,7 +324,8 @@ class CentralInference:
     def _act(self, env_outputs: dict, core_state: tuple):
         """The policy's pass, with actions sampled from its parameters made finite: a NaN row would make
         a Box sample raise for the whole batch (its client is dropped instead; its action is never sent)."""
-        outputs, core_state = self.policy(env_outputs, core_state, action="none")
+        with accel.autocast(self.bf16, self.device):
+            outputs, core_state = self.policy(env_outputs, core_state, action="none")
         params = torch.nan_to_num(outputs["policy_logits"], nan=0.0, posinf=0.0, neginf=0.0)
         T, B = params.shape[:2]
         outputs["action"] = self.policy.dist.sample(params).view(T, B, *self.policy.actions.step_shape)

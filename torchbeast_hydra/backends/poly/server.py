@@ -35,7 +35,6 @@ from torchbeast_hydra.backends.poly.batcher import BatcherClosed, DynamicBatcher
 from torchbeast_hydra.backends.poly.rollouts import Emit, RolloutBuilder
 from torchbeast_hydra.env.layout import FLOAT32_LIMIT, rollout_specs
 from torchbeast_hydra.env.spaces import EnvSpec
-from torchbeast_hydra.learning import accel
 from torchbeast_hydra.run.seeding import actor_seed
 
 log = logging.getLogger(__name__)
@@ -87,8 +86,8 @@ class ServerSettings:
     float_limit: float = FLOAT32_LIMIT  # float observations beyond it are refused (accel.float_limit)
 
     @classmethod
-    def from_config(cls, cfg, bf16: bool = False) -> ServerSettings:
-        """bf16: whether the learner computes in bf16 (Learner.bf16), which narrows float_limit."""
+    def from_config(cls, cfg, float_limit: float = FLOAT32_LIMIT) -> ServerSettings:
+        """float_limit: what the model computes in allows (accel.float_limit; Backend.float_limit)."""
         backend = cfg.backend
         return cls(
             env_id=cfg.env.id,
@@ -99,7 +98,7 @@ class ServerSettings:
             max_envs_per_client=backend.max_envs_per_client,
             max_clients=backend.max_clients,
             client_idle_timeout_s=backend.client_idle_timeout_s,
-            float_limit=accel.float_limit(bf16),
+            float_limit=float_limit,
         )
 
 
