@@ -87,6 +87,7 @@ class Run:
     sps: float | None  # steady-state steps/s; None with fewer than two updates after the warm-up
     cpu: dict  # process role -> CPU seconds over the steady window (_common.cpu_by_role)
     window_s: float  # that window's length
+    learner: str = "-"  # the start-up summary's learner line, and the thread trial's decision if it made one
 
 
 def measure(overrides: list, warmup: float, seconds: float, steps: int | None = None) -> Run:
@@ -101,9 +102,22 @@ def measure(overrides: list, warmup: float, seconds: float, steps: int | None = 
         else:
             trained = train(run_dir, with_defaults([*overrides, f"total_steps={steps}"]))
         rows = read_rows(run_dir) if (run_dir / "logs.csv").exists() else []  # none: it failed to start
+        learner = learner_lines(run_dir / "torchbeast.log")
     steady, sps = steady_rate(rows, warmup)
     last = rows[-1]["step"] if rows else 0
-    return Run(trained.rc, trained.wall, trained.peak, gpu.stop(), last, steady, sps, trained.cpu, trained.window_s)
+    return Run(
+        trained.rc, trained.wall, trained.peak, gpu.stop(), last, steady, sps, trained.cpu, trained.window_s, learner
+    )
+
+
+def learner_lines(log: Path) -> str:
+    """'1 torch thread (2 if ...), bf16 autocast; Learner threads: ... it keeps 1 thread.' from a run's log."""
+    if not log.exists():
+        return "-"
+    lines = log.read_text().splitlines()
+    summary = [line.split("learner", 1)[1].strip() for line in lines if line.startswith("  learner ")]
+    decision = [line.split(" - ", 1)[1] for line in lines if "Learner threads:" in line]
+    return "; ".join(summary[:1] + decision[:1]) or "-"
 
 
 def env_steps_per_second(env_cfg, seconds: float = 5.0) -> float:
@@ -170,7 +184,8 @@ def train_mode(args) -> None:
             f"  {run.sps / raw:.2f} of the raw env rate ({raw:,.0f} steps/s, the mean of {before:,.0f} before the run "
             f"and {after:,.0f} after: {cfg.env.id}, one env, one core, random actions); "
             f"per core {run.sps / cores:,.0f} steps/s, efficiency {run.sps / (cores * raw):.2f}\n"
-            f"  GPU {run.gpu}; peak memory {run.peak / 2**20:,.0f} MiB (PSS, whole process tree)",
+            f"  GPU {run.gpu}; peak memory {run.peak / 2**20:,.0f} MiB (PSS, whole process tree)\n"
+            f"  learner: {run.learner}",
             flush=True,
         )
         if args.steps is not None:  # the whole run, start-up and shut-down included, against the steady rate
