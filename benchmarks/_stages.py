@@ -154,6 +154,7 @@ def model_costs(cfg, inference_batch: int) -> dict:
     from torchbeast_hydra.agent.models import make_model
     from torchbeast_hydra.env.layout import zero_rollouts
     from torchbeast_hydra.env.spaces import probe_env
+    from torchbeast_hydra.learning import accel
     from torchbeast_hydra.learning.learner import Learner
     from torchbeast_hydra.run.publish import WeightPublisher
 
@@ -163,13 +164,15 @@ def model_costs(cfg, inference_batch: int) -> dict:
     batch = zero_rollouts(spec, T, B)
     step = {k: v[:1, :1].expand(1, inference_batch, *v.shape[2:]).contiguous() for k, v in batch.items()}
     policy = copy.deepcopy(model)
+    learner = Learner(cfg, model, torch.device("cpu"))
+    bf16 = accel.acts_in_bf16(cfg.accel, learner.bf16)  # as the run acts
 
     def act():
-        with torch.no_grad():
+        with torch.no_grad(), accel.autocast(bf16, torch.device("cpu")):
             policy(step, policy.initial_state(inference_batch))
 
-    costs = {f"actor inference (batch {inference_batch})": _per_call_us(act) / inference_batch}
-    learner = Learner(cfg, model, torch.device("cpu"))
+    name = f"actor inference (batch {inference_batch}{', bf16' if bf16 else ''})"
+    costs = {name: _per_call_us(act) / inference_batch}
     state = model.initial_state(B)
     learner.update(batch, state)  # warm-up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
