@@ -1,8 +1,8 @@
 """Speed options for the learner and acting (`accel:` in the config, config.AccelConfig).
 
 Process-wide switches (cudnn.benchmark, TF32) are set once at start; bf16 autocast wraps the
-model's forward pass only, so V-trace and the losses are computed in fp32 from its outputs (left
-at null, it is on where it was measured to pay: `uses_bf16`);
+model's forward pass only, whose outputs are fp32, so V-trace and the losses are computed in fp32
+(left at null, it is on where it was measured to pay: `uses_bf16`, and acting follows: `acts_in_bf16`);
 torch.compile wraps the learner's model, whose parameters (and checkpoints) stay those of the
 plain module; channels_last changes only how the conv weights are laid out in memory.
 """
@@ -46,7 +46,9 @@ def acts_in_bf16(cfg, learner_bf16: bool) -> bool:
 
 
 def autocast(bf16: bool, device: torch.device):
-    """The context the learner's forward pass runs in: bf16 autocast (uses_bf16), or nothing."""
+    """The context a forward pass runs in: bf16 autocast (the learner's: uses_bf16; acting's:
+    acts_in_bf16), or nothing. One context a pass: autocast keeps its bf16 copies of the weights
+    until its context ends."""
     if not bf16:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16)
