@@ -166,10 +166,21 @@ def start_clients(maker, address: str, token: str, clients: int, envs: int, max_
     return processes
 
 
+def wait_for_clients(pool, processes: list, timeout: float = 120.0) -> None:
+    """Until every client has connected: the warm-up counts from there, not from their start (a
+    loaded machine takes seconds to spawn them and import torch)."""
+    deadline = time.monotonic() + timeout
+    while pool.connected < len(processes):
+        if time.monotonic() > deadline or not all(process.is_alive() for process in processes):
+            raise RuntimeError(f"{pool.connected} of {len(processes)} env clients connected (see their errors above)")
+        time.sleep(0.05)
+
+
 def measure_null(maker, args, clients: int, envs: int) -> dict:
     learner = NullLearner(maker, args)
     processes = start_clients(maker, learner.address, learner.token, clients, envs, learner.max_bytes)
     try:
+        wait_for_clients(learner.pool, processes)
         time.sleep(args.warmup)
         pids = process_tree(os.getpid())
         steps0, gather0 = learner.steps, learner.gather_s
