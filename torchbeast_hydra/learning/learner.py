@@ -362,7 +362,6 @@ class Learner:
         with _stage("learner/forward"), accel.autocast(self.bf16, self.device):
             outputs, _ = self.forward(batch, initial_core_state, action="none")
         with _stage("learner/losses"):
-            outputs = {key: value.float() for key, value in outputs.items()}  # V-trace and the losses in fp32
             return loss_inputs(self.vtrace_cfg, batch, outputs, self.model.dist, value_scale)
 
     def _step_minibatches(self, batch: dict, initial_core_state: tuple):
@@ -372,7 +371,6 @@ class Learner:
         the pass (no gradient): V-trace needs whole unrolls."""
         with torch.no_grad(), _stage("learner/targets"), accel.autocast(self.bf16, self.device):
             outputs, _ = self.forward(batch, initial_core_state, action="none")
-            outputs = {key: value.float() for key, value in outputs.items()}
             whole = loss_inputs(self._targets_cfg, batch, outputs, self.model.dist)
         count = self.cfg.optim.minibatches
         real = whole.mask.flatten().nonzero().flatten()
@@ -396,7 +394,6 @@ class Learner:
         rows = {key: pick(value[:-1]) for key, value in batch.items()}  # the model's input rows 0..T-1
         with _stage("learner/forward"), accel.autocast(self.bf16, self.device):
             outputs, _ = self.forward(rows, (), action="none")
-        outputs = {key: value.float() for key, value in outputs.items()}
         taken = {key: pick(value) for key, value in whole.steps.items()}
         advantages = pick(whole.advantages)
         mask = torch.ones_like(advantages)
