@@ -79,7 +79,7 @@ class Backend:
 
     # -- shared ------------------------------------------------------------------------------
 
-    def learner_threads(self) -> ThreadTrial:
+    def thread_trial(self) -> ThreadTrial:
         """Intra-op threads for each learner thread: backend.learner_torch_threads, or (0)
         devices.learner_threads' choice, which a CPU learner given fewer than the cores then tries
         against the cores (thread_trial.py)."""
@@ -143,7 +143,7 @@ class Backend:
 
     def train(self) -> None:
         run = self.run
-        trial = self.learner_threads()
+        trial = self.thread_trial()
         learners = [
             threading.Thread(target=self._learn, args=(trial,), name=f"learner-{i}", daemon=True)
             for i in range(self.num_learner_threads)

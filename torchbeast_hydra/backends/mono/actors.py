@@ -253,10 +253,12 @@ def _observe(outputs: dict, guard: ObservationGuard) -> dict:
 
 
 def _act(envs, guard, unroll_length, model, buffers, state_buffers, conn, bf16: bool = False) -> None:
+    cpu = torch.device("cpu")
+
     def policy(env_output: dict, core_state: tuple):
         # A context per pass: autocast keeps its bf16 copies of the weights until its context
         # ends, and the learner rewrites them between passes.
-        with torch.no_grad(), accel.autocast(bf16, torch.device("cpu")):
+        with torch.no_grad(), accel.autocast(bf16, cpu):
             return model(env_output, core_state)
 
     env_output = _observe(envs.initial(), guard)
