@@ -427,8 +427,10 @@ def finite_rows(outputs: dict) -> np.ndarray:
     """[N] bool: the rows (envs) whose float outputs (policy parameters, baseline, Box action, core
     state; numpy arrays [N, ...]) are all finite."""
     rows = len(next(iter(outputs.values())))
+    floats = [value for value in outputs.values() if value.dtype.kind == "f"]
     finite = np.ones(rows, bool)
-    for value in outputs.values():
-        if value.dtype.kind == "f":
-            finite &= np.isfinite(value.reshape(rows, -1)).all(axis=1)
+    if all(np.isfinite(value).all() for value in floats):  # the common case: no per-row pass
+        return finite
+    for value in floats:
+        finite &= np.isfinite(value.reshape(rows, -1)).all(axis=1)
     return finite
