@@ -17,7 +17,7 @@ import torch
 from torchbeast_hydra.agent.models import ActorCritic, MLPBody
 from torchbeast_hydra.backends.poly import wire
 from torchbeast_hydra.backends.poly.backend import BrokenModel, CentralInference
-from torchbeast_hydra.backends.poly.server import MAX_DETAILS
+from torchbeast_hydra.backends.poly.server import MAX_DETAILS, finite_rows
 from torchbeast_hydra.env import layout
 from torchbeast_hydra.env.actions import action_spec
 from torchbeast_hydra.env.spaces import EnvSpec, observation_leaves
@@ -389,3 +389,15 @@ def test_observation_statistics_learn_from_validated_steps_only():
         learner(rollouts, (), action="none")
     norm = learner.body.normalize
     assert norm.count > 0 and norm.mean.tolist() == [1.0] * 4 and norm.var.tolist() == [0.0] * 4
+
+
+def test_finite_rows_names_each_env_with_a_non_finite_float_output():
+    outputs = dict(
+        action=np.array([0, 1, 2, 3]),  # integers are never checked
+        policy_logits=np.zeros((4, 3), np.float32),
+        baseline=np.zeros(4, np.float32),
+    )
+    assert finite_rows(outputs).tolist() == [True] * 4
+    outputs["policy_logits"][1, 2] = np.nan
+    outputs["baseline"][3] = -np.inf
+    assert finite_rows(outputs).tolist() == [True, False, True, False]
