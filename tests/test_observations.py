@@ -152,6 +152,22 @@ def test_nethack_body_crops_around_the_agent_from_blstats():
     assert features.shape == (1, 512)
 
 
+def test_nethack_body_without_the_full_map_sees_only_its_crop():
+    body = NetHackBody(NETHACK_SPACES, crop_size=5, full_map=False)
+    assert body.map_convs is None
+    glyphs = torch.randint(1, 5976, (2, 21, 79), dtype=torch.int16)
+    blstats = torch.zeros(2, 27, dtype=torch.int64)
+    blstats[:, :2] = torch.tensor([10, 4])  # the agent at column 10, row 4: its crop is rows 2-6, columns 8-12
+    far = glyphs.clone()
+    far[1, 10:, 30:] = 0  # the second map differs only beyond the crop
+    features = body({"obs/glyphs": far, "obs/blstats": blstats})
+    assert features.shape == (2, 512)
+    assert torch.equal(features[1], body({"obs/glyphs": glyphs, "obs/blstats": blstats})[1])
+    near = glyphs.clone()
+    near[1, 4, 10] = (int(glyphs[1, 4, 10]) + 1) % 5976  # the cell the agent stands on
+    assert not torch.equal(features[1], body({"obs/glyphs": near, "obs/blstats": blstats})[1])
+
+
 def test_nethack_model_needs_glyphs_and_blstats():
     spec = EnvSpec(observation_leaves(gym.spaces.Dict({"glyphs": NETHACK_SPACES["obs/glyphs"]})), 8)
     with pytest.raises(ConfigError, match="needs the leaves obs/glyphs and obs/blstats"):

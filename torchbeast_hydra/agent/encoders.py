@@ -220,7 +220,11 @@ DUNGEON_SHAPE = (21, 79)  # NetHack's map, in rows and columns (nle.nethack.DUNG
 
 class NetHackBody(Body):
     """NLE's baseline net: glyph embedding; convs over the full map and over a crop centred on the
-    agent; an MLP over the bottom-line stats; two fully connected layers over all three."""
+    agent; an MLP over the bottom-line stats; two fully connected layers over all three.
+
+    full_map=False drops the map's convs: the agent sees only its crop (egocentric: the same goal
+    in the same place relative to the agent looks the same wherever it stands), which is most of a
+    step's cost saved; a crop of 2k-1 covers a k x k room from any cell of it."""
 
     bf16_on_cpu = True  # its convs over the 21x79 map are most of a step's cost
 
@@ -234,6 +238,7 @@ class NetHackBody(Body):
         output_size: int = 512,
         glyphs_key: str = "obs/glyphs",
         blstats_key: str = "obs/blstats",
+        full_map: bool = True,
     ):
         super().__init__()
         spaces = _leaf_spaces(obs_shape, "model=nethack")
@@ -254,13 +259,14 @@ class NetHackBody(Body):
         self.glyphs_key, self.blstats_key, self.crop_size = glyphs_key, blstats_key, crop_size
         height, width = glyphs.shape
         self.embedding = nn.Embedding(int(np.max(glyphs.high)) + 1, embedding_dim)
-        self.map_convs = _conv_stack(embedding_dim, conv_channels)
+        self.map_convs = _conv_stack(embedding_dim, conv_channels) if full_map else None
         self.crop_convs = _conv_stack(embedding_dim, conv_channels)
         num_stats = blstats.shape[0]
         self.stats_mlp = nn.Sequential(
             nn.Linear(num_stats, stats_hidden), nn.ReLU(), nn.Linear(stats_hidden, stats_hidden), nn.ReLU()
         )
-        size = conv_channels[-1] * (height * width + crop_size * crop_size) + stats_hidden
+        cells = (height * width if full_map else 0) + crop_size * crop_size
+        size = conv_channels[-1] * cells + stats_hidden
         self.fc = nn.Sequential(nn.Linear(size, output_size), nn.ReLU(), nn.Linear(output_size, output_size), nn.ReLU())
         self.output_size = output_size
 
@@ -277,7 +283,9 @@ class NetHackBody(Body):
         glyphs = obs[self.glyphs_key].long()
         blstats = obs[self.blstats_key]
         crop = self.crop(glyphs, blstats[:, 0].long(), blstats[:, 1].long())
-        full = self.map_convs(self.embedding(glyphs).permute(0, 3, 1, 2)).flatten(1)
         near = self.crop_convs(self.embedding(crop).permute(0, 3, 1, 2)).flatten(1)
         stats = self.stats_mlp(symlog(blstats.float()))  # counters of any size: gold, turns, score
+        if self.map_convs is None:
+            return self.fc(torch.cat([near, stats], dim=-1))
+        full = self.map_convs(self.embedding(glyphs).permute(0, 3, 1, 2)).flatten(1)
         return self.fc(torch.cat([full, near, stats], dim=-1))

@@ -83,6 +83,7 @@ class NetHackConfig(ModelConfig):
     _target_: str = "torchbeast_hydra.agent.encoders.NetHackBody"
     embedding_dim: int = 32  # per glyph
     crop_size: int = 9  # the egocentric view around the agent
+    full_map: bool = True  # convs over the whole 21x79 map too (false: the crop alone, far cheaper)
     conv_channels: List[int] = field(default_factory=lambda: [16, 16, 16, 16, 8])  # 3x3 convs, map and crop each
     stats_hidden: int = 32  # two ReLU layers over the bottom-line stats
     output_size: int = 512  # two ReLU layers over map, crop and stats
