@@ -71,3 +71,14 @@ def test_the_family_table_is_what_the_options_the_extras_and_the_hints_use():
         assert family.option in extras
         # typed on the default env=pong (whether or not another test registered the family's ids here)
         assert f"env={family.option}" in str(_unknown_env_error(family.default_id, KeyError("not registered")))
+
+
+@pytest.mark.slow
+def test_experiment_minihack_trains_briefly_on_its_crop_alone(tmp_path):
+    """The MiniHack preset (egocentric crop, no map convs; APPO's epochs and minibatches) end to end."""
+    run_dir = tmp_path / "minihack-preset"
+    small_model = ["model.output_size=64", "model.conv_channels=[4,4]", "optim.minibatches=2"]
+    run_cli(run_dir, "experiment=minihack", *small_model, *BRIEF, "eval.final=false")
+    assert int(rows(run_dir)[-1]["step"]) >= 640
+    saved = (run_dir / ".hydra" / "config.yaml").read_text()
+    assert "full_map: false" in saved and "crop_size: 29" in saved and "epochs: 2" in saved
