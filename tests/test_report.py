@@ -203,6 +203,10 @@ def test_the_packaged_baselines_say_where_each_number_was_read():
         "Hopper-v5": 2382.86,
         "Walker2d-v5": 2287.95,
     }
+    # Grid tasks paying at most 1 (a goal reached) are normalised by that bound, one entry for all.
+    grid = ("MiniHack-Room-15x15-v0", "MiniHack-Room-Monster-15x15-v0", "MiniGrid-DoorKey-8x8-v0")
+    assert {baselines[t].normaliser()["name"] for t in grid} == {"task maximum"}
+    assert {baselines[t].normaliser()["score"] for t in grid} == {1.0}
     for task, baseline in baselines.items():
         assert baseline.random is None or (isinstance(baseline.random["score"], float) and baseline.random["source"])
         for reference in baseline.references:
@@ -226,10 +230,12 @@ def test_the_command_writes_the_report(sweep, tmp_path):
 def test_a_task_with_a_random_score_but_no_reference_is_left_out_and_says_why(tmp_path):
     for seed in (1, 2):
         write_job(tmp_path / str(seed), "minigrid", "MiniGrid-DoorKey-8x8-v0", seed, [0.0, 0.5, 0.9])
-    written = report.write_report([tmp_path], tmp_path / "out", report.Options(reps=200))
+    baselines = tmp_path / "baselines.yaml"
+    baselines.write_text("MiniGrid-DoorKey-8x8-v0:\n  random: {score: 0.012, source: measured}\n  references: []\n")
+    written = report.write_report([tmp_path], tmp_path / "out", report.Options(baselines=baselines, reps=200))
     text = written["report"].read_text()
     assert "Left out: MiniGrid-DoorKey-8x8-v0 (no reference to normalise by in baselines.yaml)." in text
-    assert "- random: 0.01 (measured by this project" in text
+    assert "- random: 0.01 (measured)" in text
     assert_real_image(tmp_path / "out" / "curve_MiniGrid-DoorKey-8x8-v0.png")
     assert_real_image(tmp_path / "out" / "performance_profile.png")  # says why it is empty
 
