@@ -233,6 +233,7 @@ def measure_cli(maker, args, clients: int, envs: int) -> dict:
             ],
             flags=(f"--config-dir={PROBE_CONF}",),  # model=trivial_frames: a trivial policy the real learner runs
         )
+        launched = time.monotonic()  # the run's clock (logs.csv's time_s) starts after this
         learner = subprocess.Popen(
             command,
             stdout=subprocess.DEVNULL,
@@ -247,12 +248,15 @@ def measure_cli(maker, args, clients: int, envs: int) -> dict:
                 time.sleep(0.2)
             address = address_file.read_text().strip()
             processes = start_clients(maker, address, token, clients, envs, max_bytes)
+            # The steps/s, like the CPU window, count from the clients' start plus the warm-up (the
+            # learner's clock started after `launched`: the rows read all lie past that point).
+            clients_at = time.monotonic() - launched
             time.sleep(args.warmup)
             pids = process_tree(os.getpid())
             cpu0, own0 = cpu_seconds(pids), cpu_seconds([learner.pid])
             time.sleep(args.seconds)
             cpu, own = cpu_seconds(pids) - cpu0, cpu_seconds([learner.pid]) - own0
-            rows, sps = steady_rate(read_rows(run_dir), args.warmup)
+            rows, sps = steady_rate(read_rows(run_dir), clients_at + args.warmup)
         finally:
             learner.terminate()
             learner.wait(timeout=60)
