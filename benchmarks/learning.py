@@ -17,8 +17,8 @@ torchbeast_hydra/logs/baselines.yaml) into SWEEP_DIR/report.
 
 Targets: Pong +18 (mean over the last 100 whole games; evaluation return where the runs evaluate),
 CartPole 475, InvertedPendulum 950, MuJoCo CleanRL's PPO at 1M steps (HalfCheetah 1,443, Hopper
-2,383, Walker2d 2,288; Ant has no reference at 1M), DoorKey 0.9,
-MiniHack Room-15x15 0.8, NetHack NLE's baseline after 1e9 steps (971; no goal for 5M steps).
+2,383, Walker2d 2,288; Ant has no reference at 1M), DoorKey 0.9, MiniHack Room-15x15 0.8 and
+Room-Monster-15x15 0.9, NetHack NLE's baseline after 1e9 steps (971; no goal for 5M steps).
 A task with a step budget runs with total_steps at the budget (the learning rate anneals over it).
 """
 
@@ -59,6 +59,7 @@ TASKS = {
     "minigrid": Task(("env=minigrid", "total_steps=1000000", "eval.interval_steps=50000"), target=0.9),
     "doorkey8": Task(("experiment=minigrid",), target=0.9, seeds=(1, 2, 3)),  # DoorKey-8x8, APPO, 2M steps
     "minihack": Task(("env=minihack", "total_steps=2000000", "eval.interval_steps=100000"), target=0.8),
+    "minihack_monster": Task(("experiment=minihack",), target=0.9, seeds=(1, 2, 3)),  # Room-Monster-15x15, APPO
     "nethack": Task(("env=nethack", "total_steps=5000000"), target=971.0),
 }
 
