@@ -264,6 +264,15 @@ def test_test_mode_evaluations_of_a_sweep_are_read_with_the_runs_they_played(tmp
         assert tasks.loc["ALE/Pong-v5", "final"] == pytest.approx((14.6 - 3.05) / 2)
 
 
+def test_evaluations_at_one_step_pool_their_episodes():
+    evals = pd.DataFrame(
+        dict(step=[100, 200, 200], episodes=[10, 10, 100], mean_return=[0.5, 1.0, 0.9])  # 200: training's, test's
+    )
+    pooled = report.pooled_by_step(evals)
+    assert list(pooled.index) == [100, 200]
+    assert pooled[100] == 0.5 and pooled[200] == pytest.approx((10 * 1.0 + 100 * 0.9) / 110)
+
+
 def test_a_seed_stopped_at_its_target_holds_its_last_score_in_the_mean(tmp_path):
     def curves(sweep, first_seed_evals):
         # Seed 1 stopped at step 2,000 (target 8); seed 2 played on to 3,000 at 0.

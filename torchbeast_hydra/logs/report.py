@@ -174,14 +174,24 @@ def pick_metric(loaded: list, metric: str) -> str:
 
 
 def curve(run: Run, metric: str) -> tuple:
-    """(steps, scores): eval.csv's mean_return (averaged per step), or the training return."""
+    """(steps, scores): eval.csv's mean_return (pooled per step), or the training return."""
     if metric == "eval":
         if run.evals is None:
             return np.array([]), np.array([])
-        per_step = run.evals.groupby("step", sort=True)["mean_return"].mean()
+        per_step = pooled_by_step(run.evals)
         return per_step.index.to_numpy(float), per_step.to_numpy(float)
     rows = run.train.dropna(subset=[runs.RETURN])
     return rows["step"].to_numpy(float), rows[runs.RETURN].to_numpy(float)
+
+
+def pooled_by_step(evals: pd.DataFrame) -> pd.Series:
+    """Evaluations taken at the same step (the last periodic one and mode=test's, say) as one: the
+    mean return over all their episodes, so 100 test episodes outweigh a 10-episode check."""
+    episodes = evals["episodes"] if "episodes" in evals else pd.Series(1, index=evals.index)
+    weights = pd.to_numeric(episodes, errors="coerce").fillna(1).clip(lower=1)
+    returns = pd.to_numeric(evals["mean_return"], errors="coerce")
+    totals = (returns * weights).groupby(evals["step"]).sum()
+    return (totals / weights.groupby(evals["step"]).sum()).sort_index()
 
 
 def met_stop_target(run: Run) -> bool:
