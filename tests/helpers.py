@@ -352,9 +352,9 @@ def zero_policy(inputs: dict) -> dict:
     )
 
 
-def serve_small_pool(spec=POOL_SPEC, infer=zero_policy, on_error=None):
+def serve_small_pool(spec=POOL_SPEC, infer=zero_policy, on_error=None, idle_timeout_s=0.5):
     """Yields (pool, port, emitted rollouts) for a pool of unrolls of 5 steps, chunks of 2 envs,
-    at most 2 clients of 4 envs, and a 0.5 s idle limit."""
+    at most 2 clients of 4 envs, and an idle limit of idle_timeout_s."""
     emitted = []
     settings = ServerSettings(
         env_id="Test-v0",
@@ -364,7 +364,7 @@ def serve_small_pool(spec=POOL_SPEC, infer=zero_policy, on_error=None):
         seed=1,
         max_envs_per_client=4,
         max_clients=2,
-        client_idle_timeout_s=0.5,
+        client_idle_timeout_s=idle_timeout_s,
     )
     emit = lambda rollout, state: emitted.append(rollout)  # noqa: E731
     with serve_pool(spec, settings, infer, emit=emit, on_error=on_error) as served:
