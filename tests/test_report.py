@@ -264,6 +264,13 @@ def test_test_mode_evaluations_of_a_sweep_are_read_with_the_runs_they_played(tmp
         assert tasks.loc["ALE/Pong-v5", "final"] == pytest.approx((14.6 - 3.05) / 2)
 
 
+def test_a_long_setting_is_wrapped_at_its_commas_in_the_legend():
+    setting = "model.crop_size=29,model.full_map=False,optim.epochs=2,optim.minibatches=8,total_steps=1000000"
+    lines = report.legend_label(setting).splitlines()
+    assert len(lines) > 1 and all(len(line) <= 56 for line in lines)
+    assert " ".join(lines) == setting.replace(",", ", ")
+
+
 def test_evaluations_at_one_step_pool_their_episodes():
     evals = pd.DataFrame(
         dict(step=[100, 200, 200], episodes=[10, 10, 100], mean_return=[0.5, 1.0, 0.9])  # 200: training's, test's
@@ -310,6 +317,7 @@ def test_a_report_keeps_its_runs_and_is_drawn_again_from_them_alone(sweep, tmp_p
         first["report"].read_text()
     )
     assert not (tmp_path / "out" / report.KEPT_BASELINES).exists()  # the package's: nothing to keep
+    assert not [p for p in kept.rglob("*") if p.is_symlink()]  # no link back to a run: a cycle to site builders
     again = report.write_report([kept], tmp_path / "again", dataclasses.replace(options, keep_runs=False))
     for name in ("tasks_csv", "aggregates_csv"):
         pd.testing.assert_frame_equal(pd.read_csv(first[name]), pd.read_csv(again[name]))

@@ -24,6 +24,7 @@ import os
 import re
 import shutil
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
@@ -305,6 +306,11 @@ def aggregate_table(normalised: dict, reps: int, seed: int, confidence: float = 
 # Figures (without pyplot: no global state, no display).
 
 
+def legend_label(setting: str, width: int = 56) -> str:
+    """A setting's label wrapped at its commas: several differing keys would run off the figure."""
+    return textwrap.fill(setting.replace(",", ", "), width)
+
+
 def curve_figure(task: str, task_runs: list, metric: str, baseline: Optional[Baseline], reps: int, seed: int) -> Figure:
     fig = Figure(figsize=(7.2, 4.4), dpi=DPI, layout="constrained")
     ax = fig.subplots()
@@ -318,7 +324,7 @@ def curve_figure(task: str, task_runs: list, metric: str, baseline: Optional[Bas
         for values in matrix:
             ax.plot(grid, values, color=color, linewidth=0.7, alpha=0.5)
         mean, low, high = scores.mean_band(held, reps=reps, seed=seed)
-        label = f"{setting} ({len(members)} seed{'s' * (len(members) != 1)})"
+        label = legend_label(f"{setting} ({len(members)} seed{'s' * (len(members) != 1)})")
         ax.plot(grid, mean, color=color, linewidth=2.0, label=label)
         ax.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0)
         drawn.append(matrix)
@@ -388,7 +394,7 @@ def profile_figure(normalised: dict, reps: int, seed: int) -> Figure:
     taus = scores.tau_grid(pooled) if pooled else np.linspace(0, 1, 101)
     for i, setting in enumerate(sorted(normalised, key=runs._natural_key)):
         profile = scores.performance_profile(normalised[setting], taus, reps=reps, seed=seed)
-        ax.plot(taus, profile.fraction, color=f"C{i % 10}", label=setting)
+        ax.plot(taus, profile.fraction, color=f"C{i % 10}", label=legend_label(setting))
         ax.fill_between(taus, profile.low, profile.high, color=f"C{i % 10}", alpha=0.2, linewidth=0)
     ax.set_xlabel("normalised score τ")
     ax.set_ylabel("fraction of runs with score > τ")

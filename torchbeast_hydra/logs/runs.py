@@ -59,16 +59,29 @@ def _files_under(path: Path, name: str) -> list:
 
 # A test-mode run dir (mode=test) links to the run it played; its eval.csv measures that run.
 TRAINED_RUN_LINK = "trained_run"
+KEPT_TESTS = "tests"  # in a run's copy (copy_run): KEPT_TESTS/N/eval.csv, the tests that played it
 
 
 def find_tested(path: str | Path) -> dict:
     """Test-mode results at or under path: {the trained run's dir (resolved): [test dirs]}."""
     found = {}
     for csv_path in sorted(_files_under(Path(path), "eval.csv")):
-        link = csv_path.parent / TRAINED_RUN_LINK
-        if link.exists() and (link.resolve() / "logs.csv").exists():
-            found.setdefault(link.resolve(), []).append(csv_path.parent)
+        trained = _trained_run(csv_path.parent)
+        if trained is not None:
+            found.setdefault(trained, []).append(csv_path.parent)
     return found
+
+
+def _trained_run(test_dir: Path) -> Optional[Path]:
+    """The run a test dir played: its link's target, or for a kept copy the run it is kept in."""
+    link = test_dir / TRAINED_RUN_LINK
+    if link.exists():
+        trained = link.resolve()
+    elif test_dir.parent.name == KEPT_TESTS:
+        trained = test_dir.parent.parent.resolve()
+    else:
+        return None
+    return trained if (trained / "logs.csv").exists() else None
 
 
 # What a report reads of a run, which copy_run keeps: its config, its evaluations, and of logs.csv
@@ -96,11 +109,10 @@ def copy_run(run_dir: str | Path, dest: str | Path, tests: Iterable[str | Path] 
             if None in row.values() or None in row:
                 break  # a torn last row: the run is still writing it
             writer.writerow(row)
-    for i, test_dir in enumerate(tests):
-        kept = dest / "tests" / str(i)
+    for i, test_dir in enumerate(tests):  # no link back to the copy: a cycle that site builders follow
+        kept = dest / KEPT_TESTS / str(i)
         kept.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(Path(test_dir) / "eval.csv", kept / "eval.csv")
-        (kept / TRAINED_RUN_LINK).symlink_to(Path("..", ".."))  # the copy of the run it played
 
 
 def read_overrides(run_dir: str | Path) -> dict:
