@@ -82,3 +82,21 @@ def test_experiment_minihack_trains_briefly_on_its_crop_alone(tmp_path):
     assert int(rows(run_dir)[-1]["step"]) >= 640
     saved = (run_dir / ".hydra" / "config.yaml").read_text()
     assert "full_map: false" in saved and "crop_size: 29" in saved and "epochs: 2" in saved
+
+
+def test_nethack_games_follow_the_reset_seed():
+    """NLE seeds only gymnasium's generator on reset(seed=...); the games must follow it too, so that
+    a run, and its evaluations on seeds of their own, play the same games again."""
+    pytest.importorskip("minihack")
+    from torchbeast_hydra.env.make import make_env
+
+    def first_maps(seed, games=3):
+        env = make_env(compose_config(["env=minihack", "env.id=MiniHack-Room-Monster-15x15-v0"]).env)
+        maps = [env.reset(seed=seed)[0]["glyphs"].tobytes()]
+        maps += [env.reset()[0]["glyphs"].tobytes() for _ in range(games - 1)]
+        env.close()
+        return maps
+
+    again = first_maps(5)
+    assert first_maps(5) == again and len(set(again)) == 3  # the same games, each a new one
+    assert first_maps(6)[0] != again[0]

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import sys
 
 import gymnasium as gym
+import numpy as np
 
 from torchbeast_hydra.env import families
 from torchbeast_hydra.env.settings import EnvConfig, atari_settings
@@ -103,6 +105,30 @@ class FireOnReset(gym.Wrapper):
         return obs, info
 
 
+class SeededNetHack(gym.Wrapper):
+    """NLE's games (NetHack, MiniHack) drawn from the reset's seed. NLE's reset(seed=...) seeds only
+    gymnasium's generator; each game's own RNGs came from the OS, so no run or evaluation replayed.
+    Every reset now sets the next game's core and display seeds (NetHack's anti-TAS reseeding off)
+    from a generator that the seeded reset starts: the same first seed, the same games in turn."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self._games = None
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self._games = np.random.default_rng(seed)
+        if self._games is not None:
+            core, disp = (int(x) for x in self._games.integers(0, 2**62, size=2))
+            self.env.unwrapped.seed(core, disp, reseed=False)
+        return self.env.reset(seed=seed, options=options)
+
+
+def _is_nethack(env: gym.Env) -> bool:
+    nle_base = sys.modules.get("nle.env.base")  # imported by whatever registered an NLE env
+    return nle_base is not None and isinstance(env.unwrapped, nle_base.NLE)
+
+
 def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
     """One gymnasium env for cfg.id; Atari ids get TorchBeast's preprocessing."""
     spec = find_spec(cfg.id, cfg.imports)
@@ -147,4 +173,6 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
         if atari.fire_reset and "FIRE" in env.unwrapped.get_action_meanings():
             env = FireOnReset(env)
         env = gym.wrappers.FrameStackObservation(env, atari.frame_stack)
+    if _is_nethack(env):
+        env = SeededNetHack(env)
     return env
