@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from matplotlib.figure import Figure
 
 from torchbeast_hydra.logs import report, runs, scores
 from torchbeast_hydra.logs.sweep_record import is_run_control
@@ -269,6 +270,13 @@ def test_a_long_setting_is_wrapped_at_its_commas_in_the_legend():
     lines = report.legend_label(setting).splitlines()
     assert len(lines) > 1 and all(len(line) <= 56 for line in lines)
     assert " ".join(lines) == setting.replace(",", ", ")
+    # A wrapped label goes below the axes (inside, it hid the curves' ends), the figure taller for it.
+    for label, below in ((report.legend_label(setting), True), ("optim.epochs=2", False)):
+        fig = Figure(figsize=(7.2, 4.4), layout="constrained")
+        ax = fig.subplots()
+        ax.plot([0, 1], [0, 1], label=label)
+        report.place_legend(fig, ax)
+        assert (len(fig.legends), ax.get_legend() is None, fig.get_figheight() > 4.4) == (below, below, below)
 
 
 def test_evaluations_at_one_step_pool_their_episodes():

@@ -311,6 +311,18 @@ def legend_label(setting: str, width: int = 56) -> str:
     return textwrap.fill(setting.replace(",", ", "), width)
 
 
+def place_legend(fig: Figure, ax) -> None:
+    """In the axes' best corner; below them when a label is wrapped (it would hide the curves), the
+    figure made taller by the legend's lines so that the axes keep their height."""
+    _, labels = ax.get_legend_handles_labels()
+    if any("\n" in label for label in labels):
+        lines = sum(label.count("\n") + 1 for label in labels)
+        fig.set_figheight(fig.get_figheight() + 0.17 * lines)
+        fig.legend(loc="outside lower center", fontsize="small")
+    else:
+        ax.legend(fontsize="small")
+
+
 def curve_figure(task: str, task_runs: list, metric: str, baseline: Optional[Baseline], reps: int, seed: int) -> Figure:
     fig = Figure(figsize=(7.2, 4.4), dpi=DPI, layout="constrained")
     ax = fig.subplots()
@@ -334,7 +346,7 @@ def curve_figure(task: str, task_runs: list, metric: str, baseline: Optional[Bas
     ax.set_xlabel("agent steps")
     ax.set_ylabel("evaluation return" if metric == "eval" else "training return")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    place_legend(fig, ax)
     return fig
 
 
@@ -402,7 +414,7 @@ def profile_figure(normalised: dict, reps: int, seed: int) -> Figure:
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     if normalised:
-        ax.legend(fontsize="small")
+        place_legend(fig, ax)
     else:
         ax.text(0.5, 0.5, "no task has a random score and a reference", ha="center", va="center")
     return fig
