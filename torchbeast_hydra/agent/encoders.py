@@ -226,7 +226,10 @@ class NetHackBody(Body):
     in the same place relative to the agent looks the same wherever it stands), which is most of a
     step's cost saved; a crop of 2k-1 covers a k x k room from any cell of it."""
 
-    bf16_on_cpu = True  # its convs over the 21x79 map are most of a step's cost
+    # Its convs (over the 21x79 map, or the crop alone) are most of a step's cost; bf16 paid for both
+    # on Zen 4 (learner pass, batch 256: the default net 1.35 -> 0.73 ms a sample; experiment=minihack's
+    # 29x29 crop alone 0.30 -> 0.20).
+    bf16_on_cpu = True
 
     def __init__(
         self,
