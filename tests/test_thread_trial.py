@@ -59,6 +59,20 @@ def test_a_busy_learner_keeps_the_cores_only_if_they_step_faster(caplog, rate_on
     assert trial.threads == threads
 
 
+def test_the_cores_window_ends_early_where_they_plainly_lose_and_not_where_they_are_close():
+    clock = Clock()
+    trial = ThreadTrial(1, 2, clock)
+    step = feed(trial, clock, thread_trial.WARMUP_UPDATES + window_updates(), 1000, busy=0.95)
+    early = round(thread_trial.EARLY_S / 0.1) + 1
+    step = feed(trial, clock, thread_trial.SETTLE_UPDATES + early, 1000 * (thread_trial.LOSING - 0.1), 0.95, step)
+    assert trial.settled and trial.threads == 1  # decided at EARLY_S, not WINDOW_S
+
+    close = ThreadTrial(1, 2, clock)
+    step = feed(close, clock, thread_trial.WARMUP_UPDATES + window_updates(), 1000, busy=0.95, step=step)
+    feed(close, clock, thread_trial.SETTLE_UPDATES + early, 1000 * (thread_trial.LOSING + 0.05), 0.95, step)
+    assert not close.settled and close.threads == 2  # still on trial: the full window decides
+
+
 def test_a_learner_with_the_cores_or_as_configured_is_never_tried():
     clock = Clock()
     for trial in (ThreadTrial(2, 2, clock), ThreadTrial(1, 1, clock)):

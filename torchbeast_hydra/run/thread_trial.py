@@ -24,6 +24,10 @@ SETTLE_UPDATES = 3  # after a change of threads, before measuring again
 # this passes too, and the trial's measurement decides.
 BUSY = 0.85
 GAIN = 1.05  # the cores stay only if steps/s rise at least this much
+# The cores' window ends early where they plainly lose: after EARLY_S, at under LOSING of the
+# starting rate (2-core Pong: 2 threads step 12-30% slower; a whole window cost a run 2-6 s).
+EARLY_S = 5.0
+LOSING = 0.9
 
 
 class ThreadTrial:
@@ -31,7 +35,8 @@ class ThreadTrial:
 
     Phases: warm-up, then a window at the starting count. If the learner was busy for less than
     BUSY of it, the actors are the slower side and nothing changes. Otherwise a window at `cores`
-    threads follows, and the faster of the two stays. One decision a run, written to the log.
+    threads follows (cut short where they plainly lose), and the faster of the two stays. One
+    decision a run, written to the log.
     """
 
     def __init__(self, threads: int, cores: int, clock=time.monotonic):
@@ -59,8 +64,13 @@ class ThreadTrial:
             busy += row["update_ms"] / 1000
             elapsed = self.clock() - start
             self._window = (start, start_step, busy)
-            if elapsed >= WINDOW_S:
-                self._decide((row["step"] - start_step) / elapsed, busy / elapsed)
+            rate = (row["step"] - start_step) / elapsed if elapsed > 0 else 0.0
+            if elapsed >= WINDOW_S or (self._losing(rate) and elapsed >= EARLY_S):
+                self._decide(rate, busy / elapsed)
+
+    def _losing(self, rate: float) -> bool:
+        """On the cores' window (the starting rate known), stepping plainly slower than it."""
+        return self._base is not None and rate < LOSING * self._base
 
     def _decide(self, rate: float, busy: float) -> None:
         if self._base is None:
