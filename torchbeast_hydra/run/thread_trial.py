@@ -64,8 +64,10 @@ class ThreadTrial:
             busy += row["update_ms"] / 1000
             elapsed = self.clock() - start
             self._window = (start, start_step, busy)
-            rate = (row["step"] - start_step) / elapsed if elapsed > 0 else 0.0
-            if elapsed >= WINDOW_S or (self._losing(rate) and elapsed >= EARLY_S):
+            if elapsed < EARLY_S:
+                return
+            rate = (row["step"] - start_step) / elapsed
+            if elapsed >= WINDOW_S or self._losing(rate):
                 self._decide(rate, busy / elapsed)
 
     def _losing(self, rate: float) -> bool:
