@@ -148,7 +148,7 @@ class RolloutQueue:
         """pin: batches are assembled in pinned memory (bound for a GPU: no second staging copy)."""
         self.capacity = capacity
         self.pin = pin
-        self._chunks = collections.deque()  # [rollouts, state, first column not yet taken]
+        self._chunks = collections.deque()  # [rollouts, state, first column not yet taken, release]
         self._size = 0
         self._changed = threading.Condition()
         self.assembly_s = 0.0  # time the last get_batch spent cutting and joining
@@ -156,20 +156,23 @@ class RolloutQueue:
     def qsize(self) -> int:
         return self._size
 
-    def put(self, rollouts: dict, state: tuple, stopping: threading.Event) -> None:
-        """Queues a chunk; waits while the queue is full, unless stopping is set."""
+    def put(self, rollouts: dict, state: tuple, stopping: threading.Event, release=None) -> None:
+        """Queues a chunk; waits while the queue is full, unless stopping is set. release: called
+        once the chunk is taken and copied (its tensors are a server shard's slot: shards.py)."""
         with self._changed:
             while self._size >= self.capacity and not stopping.is_set():
                 self._changed.wait(timeout=0.5)
             if stopping.is_set():
+                if release is not None:
+                    release()
                 return
-            self._chunks.append([rollouts, state, 0])
+            self._chunks.append([rollouts, state, 0, release])
             self._size += width(rollouts)
             self._changed.notify_all()
 
     def get_batch(self, batch_size: int, done: Callable[[], bool]):
         """B rollouts as (batch [T+1, B, ...], core state [layers, B, ...]); None once done()."""
-        pieces = []
+        pieces, releases, shared = [], [], False
         needed = batch_size
         with self._changed:
             while needed:
@@ -178,28 +181,33 @@ class RolloutQueue:
                         return None
                     self._changed.wait(timeout=0.2)
                 chunk = self._chunks[0]
-                rollouts, state, first = chunk
+                rollouts, state, first, release = chunk
                 take = min(needed, width(rollouts) - first)
                 pieces.append((rollouts, state, first, first + take))
+                shared = shared or release is not None
                 chunk[2] += take
                 if chunk[2] == width(rollouts):
                     self._chunks.popleft()
+                    if release is not None:
+                        releases.append(release)
                 self._size -= take
                 needed -= take
             self._changed.notify_all()
         started = time.perf_counter()
         columns = [{key: value[:, a:b] for key, value in rollouts.items()} for rollouts, _, a, b in pieces]
-        batch = _join(columns, 1, self.pin)
-        states = _join([tuple(s[a:b] for s in state) for _, state, a, b in pieces], 0, False)
-        result = batch, tuple(_copy(s.transpose(0, 1), self.pin) for s in states)
+        batch = _join(columns, 1, self.pin, copy=shared)
+        states = _join([tuple(s[a:b] for s in state) for _, state, a, b in pieces], 0, False, copy=shared)
+        result = batch, tuple(_copy(s.transpose(0, 1), self.pin, force=shared) for s in states)
+        for release in releases:  # copied: the slots can be filled again
+            release()
         self.assembly_s = time.perf_counter() - started
         return result
 
 
-def _join(parts: list, dim: int, pin: bool):
+def _join(parts: list, dim: int, pin: bool, copy: bool = False):
     """Concatenates dicts or tuples of tensors along dim; a single part is returned as it is (views),
-    unless pin: then everything is copied once, into pinned memory."""
-    if len(parts) == 1 and not pin:
+    unless pin or copy: then everything is copied once (into pinned memory if pin)."""
+    if len(parts) == 1 and not pin and not copy:
         return parts[0]
     if isinstance(parts[0], dict):
         return {key: _cat([part[key] for part in parts], dim, pin) for key in parts[0]}
@@ -212,8 +220,8 @@ def _cat(tensors: list, dim: int, pin: bool) -> torch.Tensor:
     return torch.cat(tensors, dim, out=torch.empty(shape, dtype=tensors[0].dtype, pin_memory=pin))
 
 
-def _copy(tensor: torch.Tensor, pin: bool) -> torch.Tensor:
-    """A contiguous copy, in pinned memory if pin."""
+def _copy(tensor: torch.Tensor, pin: bool, force: bool = False) -> torch.Tensor:
+    """A contiguous copy (or the tensor itself if contiguous, unless force), in pinned memory if pin."""
     if not pin:
-        return tensor.contiguous()
+        return tensor.clone(memory_format=torch.contiguous_format) if force else tensor.contiguous()
     return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True).copy_(tensor)
