@@ -152,6 +152,8 @@ class RemoteInference:
 class SharedEmit:
     """The shard's finished unrolls, into a free rollout slot; the learner gives slots back."""
 
+    takes_views = True  # copies the rows it is given before it returns (rollouts.RolloutBuilder)
+
     def __init__(self, link: dict, stopping: threading.Event):
         self.slots, self.conn = link["slots"], link["rollouts_shard"]
         self.free = list(range(len(self.slots)))
