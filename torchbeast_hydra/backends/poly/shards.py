@@ -189,6 +189,7 @@ def shard_main(index: int, ids: tuple, plan: ShardPlan, link: dict, address: str
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s][shard {index}][%(levelname)s] - %(message)s")
     torch.set_num_threads(1)
+    _name_process(b"poly-shard")
     stopping = threading.Event()
     remote = RemoteInference(link, stopping)
     pool = None
@@ -269,6 +270,16 @@ def shard_main(index: int, ids: tuple, plan: ShardPlan, link: dict, address: str
             server.stop(grace=1.0).wait()
         if clients is not None:
             clients.stop(timeout=10.0)
+
+
+def _name_process(name: bytes) -> None:
+    """The process's name in ps and /proc/PID/comm (Linux), where its command line names only spawn."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name, 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
 
 
 # -- the learner's side ----------------------------------------------------------------------------
