@@ -36,6 +36,7 @@ from torchbeast_hydra.agent.models import RunningNorm, ValueNorm
 from torchbeast_hydra.env.actions import ActionSpec
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning import accel, vtrace
+from torchbeast_hydra.learning.policy_lag import divergence
 from torchbeast_hydra.learning.settings import (
     MinibatchUnit,
     OnNonFinite,
@@ -311,6 +312,9 @@ class Learner:
         self.bf16 = accel.uses_bf16(cfg.accel, device, self.model)  # the forward pass under bf16 autocast
         self.optimizer = make_optimizer(cfg.optim, model.parameters())
         self.steps = 0  # env steps learned from (real steps: the mask's count)
+        # Updates made (calls of update()) in this process: the version of the weights they give
+        # (WeightPublisher.version), from which policy lag is counted (policy_lag.py).
+        self.updates = 0
         self.scheduler = make_scheduler(cfg.optim, self.optimizer, lambda: self.steps, cfg.total_steps)
         self.skipped_updates = 0
         self.loss_terms = loss_terms(cfg.vtrace)  # a bad vtrace.extra_losses fails here, before acting
@@ -353,6 +357,7 @@ class Learner:
                 for inputs_of in parts:
                     figures.append(self._step(inputs_of))
         self.scheduler.step()
+        self.updates += 1
         stats = {name: sum(values) / len(values) for name, values in zip(self._figure_names, zip(*figures))}
         stats["learning_rate"] = self.scheduler.get_last_lr()[0]
         return stats
@@ -416,10 +421,12 @@ class Learner:
         inputs = inputs_of(value_scale)
         with _stage("learner/losses"):
             losses = weighted_losses(inputs, self.loss_terms)
+            apart = divergence(inputs)  # how far the behaviour policy is from this one
         with _stage("learner/backward"):
             self.optimizer.zero_grad(set_to_none=True)
             losses["total_loss"].backward()
-        figures = torch.stack(list(losses.values())).detach()
+        names = [*losses, *apart]
+        figures = torch.stack([*losses.values(), *apart.values()]).detach()
         updates_norm = value_norm is not None and not value_norm.frozen
         if updates_norm:  # the targets' moments ride along: with several ranks, averaged with the rest
             figures = torch.cat([figures, target_moments(inputs.targets.vs.detach(), inputs.mask)])
@@ -427,16 +434,16 @@ class Learner:
             with _stage("learner/all_reduce"):
                 self.average_gradients(self.parameters, figures)
         with _stage("learner/optimiser"):
-            result, stepped = self._optimiser_step(losses, figures[: len(losses)])
+            result, stepped = self._optimiser_step(names, figures[: len(names)])
         if updates_norm and stepped:  # after the step: its gradient was in the scale it was taken at
-            value_norm.update(*figures[len(losses) :], head=self.model.baseline)
+            value_norm.update(*figures[len(names) :], head=self.model.baseline)
         return result
 
-    def _optimiser_step(self, losses: dict, figures: torch.Tensor) -> tuple[list, bool]:
-        """Clips the gradient and steps, unless the loss or the gradient is not finite; the figures,
-        and whether it stepped."""
+    def _optimiser_step(self, names: list, figures: torch.Tensor) -> tuple[list, bool]:
+        """Clips the gradient and steps, unless the loss or the gradient is not finite; the figures
+        (named `names`, total_loss first), and whether it stepped."""
         grad_norm = nn.utils.clip_grad_norm_(self.parameters, self.cfg.optim.grad_norm_clipping)
-        self._figure_names = [*losses, "grad_norm"]
+        self._figure_names = [*names, "grad_norm"]
         # One device-to-host copy for all the figures: on a GPU each .item() would wait on its own.
         figures = torch.cat([figures, grad_norm.detach().reshape(1)]).tolist()
         stepped = math.isfinite(figures[0]) and math.isfinite(figures[-1])  # total_loss and grad_norm

@@ -88,6 +88,9 @@ def check(cfg) -> None:
     require(backend.client_idle_timeout_s > 0, "backend.client_idle_timeout_s must be positive.")
     require(backend.inference_torch_threads >= 1, "backend.inference_torch_threads must be at least 1.")
     require(backend.max_envs_per_client >= 1, "backend.max_envs_per_client must be at least 1.")
+    if backend.synchronous:  # sessions wait at whole unrolls' ends, for the envs the learner knows
+        require(role is PolyRole.all, "backend.synchronous=true needs backend.role=all (the learner's own envs).")
+        require(not backend.cut_at_reset, "backend.synchronous=true needs backend.cut_at_reset=false (whole unrolls).")
     require(
         backend.envs_per_actor <= backend.max_envs_per_client,
         f"backend.envs_per_actor={backend.envs_per_actor} is above backend.max_envs_per_client="
