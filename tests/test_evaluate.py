@@ -9,7 +9,7 @@ import torch
 
 from torchbeast_hydra.env.settings import EnvConfig
 from torchbeast_hydra.env.vector import Environments
-from torchbeast_hydra.run.evaluate import Rules, _append_row, eval_env_config, play
+from torchbeast_hydra.evaluation.evaluate import Rules, _append_row, eval_env_config, play
 from torchbeast_hydra.run.seeding import eval_seed
 
 from helpers import compose_config, csv_dicts, run_cli

@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_learner import learner_batch, learner_cfg, make_learner, tiny_batch, tiny_outputs, vtrace_cfg
 
-from torchbeast_hydra.backends.mono.actors import BufferPool, _encode_report
+from torchbeast_hydra.backends.mono.backend import BufferPool, _encode_report
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning.learner import loss_inputs
 from torchbeast_hydra.learning.policy_lag import (

@@ -10,9 +10,9 @@ import pytest
 import yaml
 from matplotlib.figure import Figure
 
+from torchbeast_hydra.evaluation.evaluate import EVAL_FIGURES
 from torchbeast_hydra.logs import measures, report, runs, scores
 from torchbeast_hydra.logs.sweep_record import is_run_control
-from torchbeast_hydra.run.evaluate import EVAL_FIGURES
 
 from helpers import assert_real_image, run_command, write_run
 

@@ -300,7 +300,7 @@ class Learner:
         average_gradients: Callable | None = None,
         sum_over_ranks: Callable | None = None,
     ):
-        """With several data-parallel ranks (run/distributed.py; None with one rank):
+        """With several data-parallel ranks (launch/distributed.py; None with one rank):
         average_gradients(parameters, figures) replaces the gradients and the figures (the loss
         terms) by their mean over the ranks, in place; sum_over_ranks(tensor) by their sum, for the
         observation statistics (RunningNorm)."""

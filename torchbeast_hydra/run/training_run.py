@@ -4,7 +4,7 @@
 updates the learner thread-safely, logs each update's row and checkpoints on a timer and at exit,
 so mono and poly resume, log and checkpoint identically.
 
-With several data-parallel ranks (`ranks`, distributed.py), every rank has one: each update's
+With several data-parallel ranks (`ranks`, launch/distributed.py), every rank has one: each update's
 figures are agreed across the ranks first (global steps, every rank's returns, a stop asked of
 any rank), the learner averages gradients, and rank 0 alone writes checkpoints and run_info.
 """
@@ -32,7 +32,6 @@ from torchbeast_hydra.logs.metrics import CsvLog, Stats, duration
 from torchbeast_hydra.logs.wandb_log import WandbLog, hydra_labels
 from torchbeast_hydra.run import checkpoint
 from torchbeast_hydra.run.devices import device_name, resolve_device
-from torchbeast_hydra.run.periodic_eval import Evaluations
 from torchbeast_hydra.run.resume import check_resumable, config_changes, describe_changes, env_signature
 from torchbeast_hydra.run.seeding import seed_everything
 from torchbeast_hydra.run.settings import to_plain_dict
@@ -57,11 +56,35 @@ def writing(what: Path):
         ) from None
 
 
+class NoEvaluations:
+    """A run without evaluation during training: what TrainingRun asks of its evaluations."""
+
+    target_reached = None  # (step, mean return) of the evaluation that met eval.stop_at_return
+
+    def __init__(self, cfg=None, run_dir=None, sinks=(), resume_step: int = 0):
+        pass
+
+    def maybe_start(self, step: int, snapshot) -> None:
+        pass
+
+    def final(self, step: int, weights: dict) -> None:
+        pass
+
+    def scores(self) -> list:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
 class TrainingRun:
     """The learner plus the run dir's state: resumes on start, checkpoints on a timer and at exit."""
 
-    def __init__(self, cfg, run_dir: str | Path, spec: EnvSpec, ranks=None):
-        """ranks: this rank's distributed.Ranks in a data-parallel run; None with one rank."""
+    def __init__(self, cfg, run_dir: str | Path, spec: EnvSpec, ranks=None, evaluations=NoEvaluations):
+        """ranks: this rank's launch.distributed.Ranks in a data-parallel run; None with one rank.
+        evaluations: what plays the run's weights during training, built as evaluations(cfg,
+        run_dir, sinks, resume_step) (the command passes evaluation.periodic.Evaluations; run/
+        sits below evaluation/ and never imports it)."""
         self.cfg = cfg
         self.ranks = ranks
         self.run_dir = Path(run_dir)
@@ -130,7 +153,7 @@ class TrainingRun:
             sinks.append(wandb_log)
         self.stats = Stats(start_step, cfg.total_steps, sinks, start_time_s=elapsed_s)
         eval_sinks = [sink for sink in sinks if hasattr(sink, "log_eval")]
-        self.evaluations = Evaluations(cfg, self.run_dir, eval_sinks, resume_step=start_step)
+        self.evaluations = evaluations(cfg, self.run_dir, eval_sinks, resume_step=start_step)
         self.stats.episodes = episodes
         self._last_save = time.monotonic()
         self._stop_if_target_reached()  # a run resumed after it met eval.stop_at_return stays complete

@@ -23,6 +23,7 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from torchbeast_hydra.agent.models import make_model
+from torchbeast_hydra.backends.loop import Backend
 from torchbeast_hydra.backends.poly import local, wire
 from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
 from torchbeast_hydra.backends.poly.client import (
@@ -44,7 +45,6 @@ from torchbeast_hydra.logs.metrics import measured
 from torchbeast_hydra.run.devices import usable_cores
 from torchbeast_hydra.run.signals import StopOnSignals
 from torchbeast_hydra.run.supervision import ActorProcesses
-from torchbeast_hydra.run.training import Backend
 from torchbeast_hydra.run.training_run import TrainingRun
 
 log = logging.getLogger(__name__)

@@ -30,6 +30,7 @@ from omegaconf import OmegaConf
 
 from torchbeast_hydra.agent.distributions import NonFiniteAction
 from torchbeast_hydra.agent.models import make_model
+from torchbeast_hydra.backends.loop import Backend
 from torchbeast_hydra.backends.mono.settings import num_buffers
 from torchbeast_hydra.env.actions import ActionError, bad_rows
 from torchbeast_hydra.env.layout import AGENT_KEYS, env_keys, fits_limit, within_limit, zero_rollouts
@@ -39,7 +40,6 @@ from torchbeast_hydra.learning import accel
 from torchbeast_hydra.logs.metrics import measured
 from torchbeast_hydra.run.seeding import actor_seed
 from torchbeast_hydra.run.supervision import ActorProcesses
-from torchbeast_hydra.run.training import Backend
 from torchbeast_hydra.run.training_run import TrainingRun
 
 NONFINITE_ACTION = 5  # an actor's exit code: its policy produced a NaN/inf action (stops the run)

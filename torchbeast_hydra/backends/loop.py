@@ -1,5 +1,5 @@
-"""The training loop both backends share; a backend (mono.py, poly/backend.py) supplies only how
-rollouts are produced."""
+"""The training loop every backend shares; a backend (mono/backend.py, poly/backend.py) supplies
+only how rollouts are produced. registry.py lists the backends by name."""
 
 from __future__ import annotations
 
