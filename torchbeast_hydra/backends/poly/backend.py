@@ -24,6 +24,7 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from torchbeast_hydra.agent.models import make_model
+from torchbeast_hydra.backends.loop import Backend
 from torchbeast_hydra.backends.poly import local, wire
 from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
 from torchbeast_hydra.backends.poly.client import (
@@ -38,7 +39,7 @@ from torchbeast_hydra.backends.poly.rollouts import RolloutQueue
 from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings, finite_rows, make_server
 from torchbeast_hydra.backends.poly.settings import LocalTransport, PolyRole, split_address
 from torchbeast_hydra.backends.poly.shards import LocalClients, ShardedServer, ShardPlan, auto_shards
-from torchbeast_hydra.env.native import envs_maker
+from torchbeast_hydra.env.engines import envs_maker
 from torchbeast_hydra.env.spaces import probe_env
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning import accel
@@ -46,7 +47,6 @@ from torchbeast_hydra.logs.metrics import measured
 from torchbeast_hydra.run.devices import usable_cores
 from torchbeast_hydra.run.signals import StopOnSignals
 from torchbeast_hydra.run.supervision import ActorProcesses
-from torchbeast_hydra.run.training import Backend
 from torchbeast_hydra.run.training_run import TrainingRun
 
 log = logging.getLogger(__name__)
@@ -71,10 +71,10 @@ def resolve_token(backend) -> str:
 
 def client_envs(cfg):
     """(env config, envs maker) for a machine's env clients: each steps its envs on its share of
-    the cores (Atari's native vector env: threads)."""
+    the cores (the C++ engines' threads: env.engine)."""
     env_cfg = OmegaConf.to_object(cfg.env)
     threads = max(1, usable_cores() // cfg.backend.num_actors)
-    return env_cfg, envs_maker(env_cfg, threads, native=cfg.backend.vector_env)
+    return env_cfg, envs_maker(env_cfg, threads, vector_env=cfg.backend.vector_env)
 
 
 def local_clients(cfg, address: str, token: str, max_message_bytes: int) -> ActorProcesses:
@@ -119,6 +119,18 @@ def client_processes(start, backend) -> ActorProcesses:
     )
 
 
+def server_shards(backend) -> int:
+    """backend.server_shards, or (0) one per 4 cores (shards.auto_shards), no more than role=all's
+    own clients; backend.synchronous keeps the server in the learner's process (its sessions wait
+    on the learner's weights there)."""
+    if backend.synchronous:
+        return 1
+    if backend.server_shards:
+        return backend.server_shards
+    shards = auto_shards(usable_cores())
+    return min(shards, backend.num_actors) if PolyRole(backend.role) is PolyRole.all else shards
+
+
 class PolyBeast(Backend):
     """Rollouts assembled by the ActorPool server from its clients' steps, with central inference."""
 
@@ -135,7 +147,7 @@ class PolyBeast(Backend):
         self.clients = None
         self.address = None  # HOST:PORT once serving
         settings = ServerSettings.from_config(cfg, float_limit=self.float_limit)
-        self.shards = backend.server_shards or auto_shards(usable_cores())
+        self.shards = server_shards(backend)
         self.pool = self.inference = self.sharded = None
         if self.shards > 1:
             self.sharded = self._sharded_server(settings)
@@ -157,6 +169,7 @@ class PolyBeast(Backend):
             inference=self.inference,
             initial_state=self._initial_state,
             emit=self._enqueue,
+            newer_weights=self._newer_weights if backend.synchronous else None,
         )
 
     def _sharded_server(self, settings: ServerSettings) -> ShardedServer:
@@ -206,6 +219,10 @@ class PolyBeast(Backend):
         if not self.run.stop_requested.is_set():
             log.error("Central inference failed: %s: %s", type(error).__name__, error)
         self.fail(error)
+
+    def _newer_weights(self, version: int) -> None:
+        """backend.synchronous: a session waits at its unrolls' end for weights newer than version."""
+        self.publisher.wait_for_newer(version, self.pool.stopping)
 
     def _enqueue(self, rollouts: dict, core_state: tuple) -> None:
         """Hands rollouts to the learner; waits while its queue is full (back-pressure)."""
@@ -390,6 +407,10 @@ class CentralInference:
             state = self.policy.state_dict()
             return [name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
 
+    def _version(self) -> int:
+        """The acting weights' version (WeightPublisher.version; 0 without a publisher: a fixed policy)."""
+        return 0 if self.publisher is None else int(self.publisher.version)
+
     def _on_stream(self):
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
@@ -410,8 +431,10 @@ class CentralInference:
         env_outputs = {key: inputs[key].unsqueeze(0) for key in inputs if key not in states}
         core_state = tuple(inputs[key].transpose(0, 1) for key in states)  # the model makes it contiguous
         with torch.no_grad(), self.weights_lock:
+            version = self._version()
             outputs, core_state = self._act(env_outputs, core_state)
         result = {key: value[0] for key, value in outputs.items()}
+        result["policy_version"] = torch.full(result["baseline"].shape, version, dtype=torch.int64)
         for i, state in enumerate(core_state):
             result[f"core_state_{i}"] = state.transpose(0, 1)
         return result
@@ -427,6 +450,7 @@ class CentralInference:
             core_state = tuple(moved[key].transpose(0, 1) for key in states)
             with self.weights_lock:  # held to queue the work; the publisher orders its copy by events
                 self.publisher.wait_for_weights(stream)
+                version = self._version()  # the weights this stream reads, once the copy is done
                 outputs, core_state = self._act(env_outputs, core_state)
                 done = torch.cuda.Event()
                 done.record(stream)
@@ -436,6 +460,7 @@ class CentralInference:
             for i, state in enumerate(core_state):
                 result[f"core_state_{i}"] = state.transpose(0, 1).to("cpu", non_blocking=True)
         stream.synchronize()
+        result["policy_version"] = torch.full(result["baseline"].shape, version, dtype=torch.int64)
         return result
 
 

@@ -29,9 +29,8 @@ import torch
 import torch.multiprocessing as mp
 
 from torchbeast_hydra.agent.models import make_model
-from torchbeast_hydra.env.vector import Environments
-from torchbeast_hydra.logs.metrics import CsvLog, read_rows, target_met
-from torchbeast_hydra.run.evaluate import (
+from torchbeast_hydra.env.engines import evaluation_envs
+from torchbeast_hydra.evaluation.evaluate import (
     EVAL_FIGURES,
     Rules,
     figures,
@@ -40,6 +39,7 @@ from torchbeast_hydra.run.evaluate import (
     protocol,
     with_test_protocol,
 )
+from torchbeast_hydra.logs.metrics import CsvLog, read_rows, target_met
 from torchbeast_hydra.run.seeding import eval_seed
 from torchbeast_hydra.run.settings import to_plain_dict
 
@@ -58,7 +58,7 @@ class Player:
     def __init__(self, model_cfg, env_cfg, seed: int):
         self.env_cfg = env_cfg
         self.seed = seed
-        self.envs = Environments(env_cfg, 1, seed=seed)
+        self.envs = evaluation_envs(env_cfg, 1, seed)
         self.model = make_model(model_cfg, self.envs.spec).eval()
 
     def play(self, weights: dict, rules: Rules) -> dict:
