@@ -139,10 +139,10 @@ def env_steps_per_second(env_cfg, seconds: float = 5.0) -> float:
 
 def acting_batch(cfg) -> int:
     """The envs one mono actor evaluates its policy on at once (auto-sized as the run sizes them)."""
-    from torchbeast_hydra.backends.settings import auto_actors
+    from torchbeast_hydra.backends import registry
     from torchbeast_hydra.run.devices import usable_cores
 
-    return cfg.backend.envs_per_actor or auto_actors(cfg.backend.name, usable_cores())[1]
+    return cfg.backend.envs_per_actor or registry.get(cfg.backend.name).auto_actors(usable_cores())[1]
 
 
 # -- train mode -------------------------------------------------------------------------------------

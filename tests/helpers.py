@@ -343,12 +343,13 @@ POOL_SPEC = EnvSpec.box((3,), np.dtype(np.float32), 2)  # the in-process pool te
 
 
 def zero_policy(inputs: dict) -> dict:
-    """Central inference for POOL_SPEC: action 0, zero logits and values, for every env."""
+    """Central inference for POOL_SPEC: action 0, zero logits and values, for every env, by weights of version 0."""
     n = inputs["done"].shape[0]
     return dict(
         action=torch.zeros(n, dtype=torch.int64),
         policy_logits=torch.zeros(n, POOL_SPEC.actions.num_params),
         baseline=torch.zeros(n),
+        policy_version=torch.zeros(n, dtype=torch.int64),
     )
 
 

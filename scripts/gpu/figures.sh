@@ -18,6 +18,8 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
 fi
+# EnvPool unpacked and trimmed to travel (scripts/gpu/envpool_site.sh), where it came along.
+if [ -d .devsite ]; then export PYTHONPATH="$PWD/.devsite${PYTHONPATH:+:$PYTHONPATH}"; fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 python3 - <<'PY' 2>&1 | tee "$log"
 import os, torch

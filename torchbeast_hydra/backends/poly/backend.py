@@ -23,6 +23,7 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from torchbeast_hydra.agent.models import make_model
+from torchbeast_hydra.backends.loop import Backend
 from torchbeast_hydra.backends.poly import local, wire
 from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
 from torchbeast_hydra.backends.poly.client import (
@@ -44,7 +45,6 @@ from torchbeast_hydra.logs.metrics import measured
 from torchbeast_hydra.run.devices import usable_cores
 from torchbeast_hydra.run.signals import StopOnSignals
 from torchbeast_hydra.run.supervision import ActorProcesses
-from torchbeast_hydra.run.training import Backend
 from torchbeast_hydra.run.training_run import TrainingRun
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,7 @@ class PolyBeast(Backend):
             inference=self.inference,
             initial_state=self._initial_state,
             emit=self._enqueue,
+            newer_weights=self._newer_weights if backend.synchronous else None,
         )
         self.max_message_bytes = wire.max_message_bytes(run.spec, backend.max_envs_per_client)
         self.server = None
@@ -162,6 +163,10 @@ class PolyBeast(Backend):
         if not self.run.stop_requested.is_set():
             log.error("Central inference failed: %s: %s", type(error).__name__, error)
         self.fail(error)
+
+    def _newer_weights(self, version: int) -> None:
+        """backend.synchronous: a session waits at its unrolls' end for weights newer than version."""
+        self.publisher.wait_for_newer(version, self.pool.stopping)
 
     def _enqueue(self, rollouts: dict, core_state: tuple) -> None:
         """Hands rollouts to the learner; waits while its queue is full (back-pressure)."""
@@ -318,6 +323,10 @@ class CentralInference:
             state = self.policy.state_dict()
             return [name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
 
+    def _version(self) -> int:
+        """The acting weights' version (WeightPublisher.version; 0 without a publisher: a fixed policy)."""
+        return 0 if self.publisher is None else int(self.publisher.version)
+
     def _on_stream(self):
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
@@ -338,8 +347,10 @@ class CentralInference:
         env_outputs = {key: inputs[key].unsqueeze(0) for key in inputs if key not in states}
         core_state = tuple(inputs[key].transpose(0, 1) for key in states)  # the model makes it contiguous
         with torch.no_grad(), self.weights_lock:
+            version = self._version()
             outputs, core_state = self._act(env_outputs, core_state)
         result = {key: value[0] for key, value in outputs.items()}
+        result["policy_version"] = torch.full(result["baseline"].shape, version, dtype=torch.int64)
         for i, state in enumerate(core_state):
             result[f"core_state_{i}"] = state.transpose(0, 1)
         return result
@@ -355,6 +366,7 @@ class CentralInference:
             core_state = tuple(moved[key].transpose(0, 1) for key in states)
             with self.weights_lock:  # held to queue the work; the publisher orders its copy by events
                 self.publisher.wait_for_weights(stream)
+                version = self._version()  # the weights this stream reads, once the copy is done
                 outputs, core_state = self._act(env_outputs, core_state)
                 done = torch.cuda.Event()
                 done.record(stream)
@@ -364,6 +376,7 @@ class CentralInference:
             for i, state in enumerate(core_state):
                 result[f"core_state_{i}"] = state.transpose(0, 1).to("cpu", non_blocking=True)
         stream.synchronize()
+        result["policy_version"] = torch.full(result["baseline"].shape, version, dtype=torch.int64)
         return result
 
 

@@ -114,8 +114,10 @@ class ActorPool:
         inference: DynamicBatcher,
         initial_state,
         emit: Emit,
+        newer_weights=None,
     ):
-        """initial_state: num_envs -> tuple of [num_envs, ...] tensors; emit: takes finished rollouts.
+        """initial_state: num_envs -> tuple of [num_envs, ...] tensors; emit: takes finished rollouts;
+        newer_weights(version): with backend.synchronous, waits for acting weights newer than version.
         Whatever inference raises (a NaN action, a model's bug, CUDA out of memory) reaches its
         owner through the batcher's on_error and stops the run; the streams end as the learner stops."""
         self.spec = spec
@@ -124,6 +126,7 @@ class ActorPool:
         self.inference = inference
         self.initial_state = initial_state
         self.emit = emit
+        self.newer_weights = newer_weights
         self.stopping = threading.Event()
         self.finished = False  # on stopping: clients exit (True) or reconnect to a restarted learner
         self.finished_reason = "training finished"  # what exiting clients are told
@@ -389,10 +392,27 @@ class Session:
             pool.settings.chunk_size,
         )
         self.discarded = False  # set when the client is refused: close() then hands nothing on
+        self.newer_weights = pool.newer_weights
 
     def step(self, env_outputs: dict) -> np.ndarray:
         inputs = {key: torch.from_numpy(env_outputs[key]) for key in self.policy_inputs}
         inputs.update({f"core_state_{i}": s for i, s in enumerate(self.core_state)})
+        arrays = self._infer(inputs)
+        # Only now, answered with finite outputs, does the step enter the unrolls (and maybe end one).
+        ends = (self.builder.cursor + 1 == self.builder.unroll_length).any()
+        self.builder.add(env_outputs, self.core_state)
+        if ends and self.newer_weights is not None:
+            # backend.synchronous: the finished unrolls are with the learner; the next one's first
+            # action is chosen again, by weights newer than those that chose this one.
+            self.newer_weights(int(arrays["policy_version"].max()))
+            arrays = self._infer(inputs)
+        self.core_state = tuple(torch.from_numpy(arrays[f"core_state_{i}"]) for i in range(len(self.core_state)))
+        self.builder.set_agent_outputs(arrays)
+        return arrays["action"]
+
+    def _infer(self, inputs: dict) -> dict:
+        """The policy's outputs for these inputs (numpy arrays); a client whose envs get non-finite
+        ones is refused."""
         try:
             outputs = self.inference(inputs)
         except BatcherClosed:
@@ -401,11 +421,7 @@ class Session:
             raise InferenceFailed(f"central inference failed: {type(error).__name__}: {error}") from error
         arrays = {key: value.numpy() for key, value in outputs.items()}
         self._refuse_non_finite(arrays)
-        # Only now, answered with finite outputs, does the step enter the unrolls (and maybe end one).
-        self.builder.add(env_outputs, self.core_state)
-        self.core_state = tuple(outputs[f"core_state_{i}"] for i in range(len(self.core_state)))
-        self.builder.set_agent_outputs(arrays)
-        return arrays["action"]
+        return arrays
 
     def _refuse_non_finite(self, outputs: dict) -> None:
         finite = finite_rows(outputs)

@@ -30,8 +30,7 @@ import torch.multiprocessing as mp
 
 from torchbeast_hydra.agent.models import make_model
 from torchbeast_hydra.env.engines import evaluation_envs
-from torchbeast_hydra.logs.metrics import CsvLog, read_rows, target_met
-from torchbeast_hydra.run.evaluate import (
+from torchbeast_hydra.evaluation.evaluate import (
     EVAL_FIGURES,
     Rules,
     figures,
@@ -40,6 +39,7 @@ from torchbeast_hydra.run.evaluate import (
     protocol,
     with_test_protocol,
 )
+from torchbeast_hydra.logs.metrics import CsvLog, read_rows, target_met
 from torchbeast_hydra.run.seeding import eval_seed
 from torchbeast_hydra.run.settings import to_plain_dict
 

@@ -37,10 +37,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from torchbeast_hydra.backends import registry
 from torchbeast_hydra.errors import ConfigError
+from torchbeast_hydra.launch.settings import DistBackend
 from torchbeast_hydra.run.resume import config_changes
 from torchbeast_hydra.run.seeding import rank_seed, seed_everything
-from torchbeast_hydra.run.settings import DistBackend, to_plain_dict
+from torchbeast_hydra.run.settings import to_plain_dict
 
 log = logging.getLogger(__name__)
 
@@ -401,11 +403,7 @@ def for_rank(cfg, ranks: Ranks, gpus: int):
         cfg.eval.interval_steps = 0
         cfg.eval.final = False
         quiet_follower()
-    backend = cfg.backend
-    if backend.name == "poly":  # a fixed port is rank 0's; each rank on a machine serves its own
-        host, _, port = backend.address.rpartition(":")
-        if port.isdigit() and int(port) != 0:
-            backend.address = f"{host}:{int(port) + ranks.local_rank}"
+    registry.get(cfg.backend.name).for_rank(cfg.backend, ranks.local_rank)  # e.g. poly's server port
     return cfg
 
 

@@ -1,6 +1,6 @@
 """A trained policy in your own Python code: load it from a run dir, make its env, act.
 
-    from torchbeast_hydra.run.policy import load_policy
+    from torchbeast_hydra.evaluation.policy import load_policy
     policy = load_policy("outputs/2026-11-25/10-00-00")     # a run dir (its checkpoint.pt)
     returns = policy.play(episodes=5)                        # whole games, as mode=test plays them
 
@@ -25,8 +25,8 @@ from omegaconf import OmegaConf
 from torchbeast_hydra.agent.models import make_model, saved_model_config
 from torchbeast_hydra.env.settings import AtariEnvConfig
 from torchbeast_hydra.env.vector import Environments
+from torchbeast_hydra.evaluation.evaluate import Rules, play
 from torchbeast_hydra.run import checkpoint
-from torchbeast_hydra.run.evaluate import Rules, play
 from torchbeast_hydra.run.seeding import eval_seed
 
 

@@ -185,10 +185,17 @@ def protocol(env_cfg, envs: Environments, rules: Rules) -> dict:
         greedy=rules.greedy,
         epsilon=rules.epsilon if rules.greedy else "",
         sticky_action_prob=atari.sticky_action_prob if atari else "",
-        max_episode_steps=rules.max_episode_steps,
+        max_episode_steps=episode_cap(envs, rules),
         episodic_life=envs.episodic_life,
         noop_max=atari.noop_max if atari else "",
     )
+
+
+def episode_cap(envs: Environments, rules: Rules) -> int:
+    """Where a game is cut: the env's own time limit where it comes first (CartPole-v1's 500 steps,
+    not test.max_episode_steps, ALE's 27,000)."""
+    limit = envs.time_limit
+    return rules.max_episode_steps if limit is None else min(limit, rules.max_episode_steps)
 
 
 def with_test_protocol(cfg, env_cfg: dict) -> EnvConfig:
