@@ -29,6 +29,8 @@ from torchbeast_hydra.env.settings import AtariEnvConfig, Engine, EnvConfig
 from torchbeast_hydra.env.vector import Environments
 from torchbeast_hydra.errors import ConfigError
 
+from helpers import SMALL, rows, run_cli
+
 needs_envpool = pytest.mark.skipif(not pool.installed(), reason='EnvPool is not installed (pip install ".[envpool]")')
 
 
@@ -252,3 +254,11 @@ def test_evaluations_play_on_envpool_where_it_trains_and_videos_on_gymnasium():
     assert isinstance(engines.evaluation_envs(cfg, 1, 0), Environments)
     pong = AtariEnvConfig(id="ALE/Pong-v5")  # auto: ale-py's vector env, which cannot restart an env
     assert isinstance(engines.evaluation_envs(pong, 1, 0), Environments)
+
+
+@needs_envpool
+@pytest.mark.parametrize("backend", ["backend=mono", "backend=poly"])  # poly's clients over shared memory
+def test_a_breakout_run_steps_envpool_in_the_acting_processes(tmp_path, backend):
+    run_dir = tmp_path / "run"
+    run_cli(run_dir, backend, "env=breakout", "env.engine=envpool", "total_steps=256", *SMALL, timeout=300)
+    assert int(rows(run_dir)[-1]["step"]) >= 256
