@@ -407,3 +407,33 @@ def test_a_peer_reference_is_compared_on_its_measure_only_where_the_env_matches(
     assert (
         tasks.loc["HalfCheetah-v5", "peer"] == pytest.approx(1.5) and tasks.loc["HalfCheetah-v5", "spread"] == "range"
     )
+
+
+def test_a_seed_short_of_the_budget_is_counted_and_keeps_the_task_out_of_the_aggregate(tmp_path):
+    """Censoring: a run that never reached the reference's budget has no peers' figure; the table says
+    how many seeds reached it, and the task is not normalised on a subset of its seeds."""
+    sweep = tmp_path / "sweep"
+    for seed in (1, 2):
+        write_job(sweep / str(seed), "mujoco", "HalfCheetah-v5", seed, [0.0, 0.0, 0.0])
+    short = sweep / "3"
+    write_run(
+        short,
+        ["env=mujoco", "seed=3"],
+        3,
+        [(1000, [3.0], 0.5), (2000, [3.0], 0.5)],
+        config=dict(env=dict(id="HalfCheetah-v5")),
+        choices=dict(env="mujoco"),
+        steps_per_s=100.0,
+    )
+    data = yaml.safe_load(report.BASELINES.read_text())
+    (cleanrl,) = [r for r in data["HalfCheetah-v5"]["references"] if r["name"] == "CleanRL PPO"]
+    cleanrl.update(steps=2500)
+    path = tmp_path / "baselines.yaml"
+    path.write_text(yaml.safe_dump(data))
+    written = report.write_report([sweep], tmp_path / "out", report.Options(baselines=path, metric="train", reps=200))
+    tasks = pd.read_csv(written["tasks_csv"]).set_index("task")
+    assert tasks.loc["HalfCheetah-v5", "peer_seeds"] == 2 and tasks.loc["HalfCheetah-v5", "peer"] == pytest.approx(1.5)
+    text = written["report"].read_text()
+    assert "1.50 (range 1.00 to 2.00) (2/3 seeds reached the budget)" in text
+    assert "HalfCheetah-v5 (1 of 3 runs short of CleanRL PPO's budget, 2,500 steps: not comparable)" in text
+    assert "No task has both a random score and a comparable reference" in text

@@ -740,7 +740,7 @@ def _references_markdown(baseline: Optional[Baseline], task: str) -> list:
 
 def _aggregate_markdown(aggregates: pd.DataFrame, used: dict, left_out: list, written: dict) -> list:
     if aggregates.empty:
-        return ["No task has both a random score and a reference to normalise by (baselines.yaml)."] + (
+        return ["No task has both a random score and a comparable reference to normalise by (baselines.yaml)."] + (
             [f"Left out: {', '.join(left_out)}."] if left_out else []
         )
     by = "; ".join(f"{task} by {b.normalise_by} ({_normalised_measure(b)})" for task, b in sorted(used.items()))
