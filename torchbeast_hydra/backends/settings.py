@@ -43,9 +43,9 @@ class BackendConfig:
     # role=all with cut_at_reset=false; mono uses one learner thread.
     synchronous: bool = False
     max_actor_restarts: int = 10  # a run whose actors keep dying stops with an error
-    # Atari ids: actors (mono) and env clients (poly) step their envs in ale-py's native
-    # AtariVectorEnv where it reproduces env.vector.Environments (env/native.py): the same preprocessing
-    # in C++, ~30% less CPU a step. false: always the gymnasium envs.
+    # env.engine=auto may pick a C++ engine for actors (mono) and env clients (poly): EnvPool or
+    # ale-py's native AtariVectorEnv where they reproduce env.vector.Environments (env/engines.py): the
+    # same preprocessing in C++, ~30% less CPU a step. false: auto means the gymnasium envs.
     vector_env: bool = True
 
 

@@ -33,8 +33,8 @@ from torchbeast_hydra.agent.models import make_model
 from torchbeast_hydra.backends.loop import Backend
 from torchbeast_hydra.backends.mono.settings import num_buffers
 from torchbeast_hydra.env.actions import ActionError, bad_rows
+from torchbeast_hydra.env.engines import envs_maker
 from torchbeast_hydra.env.layout import AGENT_KEYS, env_keys, fits_limit, within_limit, zero_rollouts
-from torchbeast_hydra.env.native import envs_maker
 from torchbeast_hydra.env.spaces import EnvSpec
 from torchbeast_hydra.learning import accel
 from torchbeast_hydra.logs.metrics import measured
@@ -358,7 +358,7 @@ class MonoBeast(Backend):
             self.publisher.on_publish.append(self.pool.regrant)
         self.env_cfg = OmegaConf.to_object(cfg.env)
         # One native thread per actor: an actor per core is the machine's share already.
-        self.make_envs = envs_maker(self.env_cfg, 1, native=backend.vector_env)
+        self.make_envs = envs_maker(self.env_cfg, 1, vector_env=backend.vector_env)
         self.actors = ActorProcesses(
             self._start_actor,
             backend.num_actors,

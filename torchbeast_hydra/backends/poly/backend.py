@@ -37,7 +37,7 @@ from torchbeast_hydra.backends.poly.client import (
 from torchbeast_hydra.backends.poly.rollouts import RolloutQueue
 from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings, finite_rows, make_server
 from torchbeast_hydra.backends.poly.settings import LocalTransport, PolyRole, split_address
-from torchbeast_hydra.env.native import envs_maker
+from torchbeast_hydra.env.engines import envs_maker
 from torchbeast_hydra.env.spaces import probe_env
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning import accel
@@ -69,10 +69,10 @@ def resolve_token(backend) -> str:
 
 def client_envs(cfg):
     """(env config, envs maker) for a machine's env clients: each steps its envs on its share of
-    the cores (Atari's native vector env: threads)."""
+    the cores (the C++ engines' threads: env.engine)."""
     env_cfg = OmegaConf.to_object(cfg.env)
     threads = max(1, usable_cores() // cfg.backend.num_actors)
-    return env_cfg, envs_maker(env_cfg, threads, native=cfg.backend.vector_env)
+    return env_cfg, envs_maker(env_cfg, threads, vector_env=cfg.backend.vector_env)
 
 
 def local_clients(cfg, address: str, token: str, max_message_bytes: int) -> ActorProcesses:
