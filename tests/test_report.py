@@ -239,9 +239,11 @@ def test_the_packaged_baselines_say_where_each_number_was_read():
         cleanrl = baselines[task].normaliser()
         assert (baselines[task].why_not_comparable(cleanrl, task) is None) == comparable, task
     # The classic suite's tasks have a random score and a reference: the report gives them an IQM.
-    for task, score in [("CartPole-v1", 490.04), ("Acrobot-v1", -86.36)]:
-        assert baselines[task].random["score"] < score == baselines[task].normaliser()["score"]
+    # Normalised by the solved level (a bound: any budget), CleanRL's 500k-step figure beside it.
+    for task, solved, cleanrl in [("CartPole-v1", 475.0, 490.04), ("Acrobot-v1", -100.0, -86.36)]:
+        assert baselines[task].random["score"] < solved == baselines[task].normaliser()["score"]
         assert baselines[task].peer_budget() == 500_000
+        assert {r["name"]: r["score"] for r in baselines[task].references}["CleanRL PPO"] == cleanrl
     assert baselines["MountainCar-v0"].normaliser()["name"] == "solved"
 
 
@@ -437,3 +439,19 @@ def test_a_seed_short_of_the_budget_is_counted_and_keeps_the_task_out_of_the_agg
     assert "1.50 (range 1.00 to 2.00) (2/3 seeds reached the budget)" in text
     assert "HalfCheetah-v5 (1 of 3 runs short of CleanRL PPO's budget, 2,500 steps: not comparable)" in text
     assert "No task has both a random score and a comparable reference" in text
+
+
+def test_runs_meant_to_stop_before_the_references_budget_get_the_peers_measure_at_their_own(tmp_path):
+    """A 3,000-step suite beside CleanRL's 1M-step figure: each run's last 100 training episodes at
+    its own total_steps are shown, and not set against the 1M-step figure."""
+    sweep = tmp_path / "sweep"
+    for seed in (1, 2):
+        write_job(sweep / str(seed), "mujoco", "HalfCheetah-v5", seed, [0.0, 0.0, 0.0], config=dict(total_steps=3000))
+    written = report.write_report([sweep], tmp_path / "out", report.Options(reps=200))
+    tasks = pd.read_csv(written["tasks_csv"]).set_index("task")
+    assert (
+        tasks.loc["HalfCheetah-v5", "peer"] == pytest.approx(1.5) and tasks.loc["HalfCheetah-v5", "peer_budget"] == 3000
+    )
+    text = written["report"].read_text()
+    assert "last 100 training episodes at 3,000 steps" in text
+    assert "HalfCheetah-v5 (2 of 2 runs short of CleanRL PPO's budget, 1,000,000 steps: not comparable)" in text

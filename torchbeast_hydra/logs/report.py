@@ -318,8 +318,8 @@ def normalised_scores(per_run: pd.DataFrame, baselines: dict) -> tuple:
             left_out.append(f"{task} ({reference['name']}: {why_not}; not comparable)")
             continue
         column = "peer" if measures.measure_of(reference) == "train_last_100" else "final"
-        if column == "peer" and part["peer"].isna().any():
-            short = len(part) - int(part["peer"].notna().sum())
+        if column == "peer" and not (part["peer"].notna() & (part["peer_budget"] == reference["steps"])).all():
+            short = int((part["peer"].isna() | (part["peer_budget"] != reference["steps"])).sum())
             left_out.append(
                 f"{task} ({short} of {len(part)} runs short of {reference['name']}'s budget, "
                 f"{_steps(reference['steps'])} steps: not comparable)"
@@ -501,7 +501,7 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
         raise FileNotFoundError(f"no run has {NO_SCORE[metric]}" + (": use --metric train" if metric == "eval" else ""))
     baselines = load_baselines(options.baselines)
     per_run = pd.DataFrame(
-        [summarise(r, metric, _target(options.targets, r.task), _peer_budget(baselines.get(r.task))) for r in loaded]
+        [summarise(r, metric, _target(options.targets, r.task), _peer_budget(baselines.get(r.task), r)) for r in loaded]
     )
     table = task_table(per_run, options.reps, options.seed)
     normalised, used, left_out = normalised_scores(per_run, baselines)
@@ -558,8 +558,14 @@ def keep_runs(loaded: list, kept: Path) -> Path:
     return kept
 
 
-def _peer_budget(baseline: Optional[Baseline]) -> Optional[float]:
-    return baseline.peer_budget() if baseline is not None else None
+def _peer_budget(baseline: Optional[Baseline], run: Run) -> Optional[float]:
+    """Where a run's peers' measure is read: at its task's reference's budget when the run was meant
+    to reach it (its total_steps), else at its own total_steps (and then not compared)."""
+    budget = baseline.peer_budget() if baseline is not None else None
+    total_steps = run.config.get("total_steps")
+    if budget is None or (isinstance(total_steps, (int, float)) and total_steps < budget):
+        return total_steps
+    return budget
 
 
 def _target(targets: dict, task: str) -> Optional[float]:
