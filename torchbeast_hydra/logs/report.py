@@ -634,7 +634,8 @@ def render_markdown(
         "Per task, final, best and the peers' measure: the mean over seeds [interval] or (range); steps to "
         "target: the median over the seeds that reached it, how many did, and the best the others reached; "
         "training time: logs.csv's time_s (across resumes); steps/s: steps / training time.",
-        "Curves: each seed thin, the mean over seeds bold with its 95% band; a seed that stopped at its evaluation "
+        "Curves: each seed thin, the mean over seeds bold with its 95% bootstrap band (with fewer than "
+        f"{measures.MIN_SEEDS_FOR_INTERVAL} seeds, close to the seeds' range); a seed that stopped at its evaluation "
         "target holds its last score in the mean.",
     ]
     for task in tasks(loaded):
@@ -707,6 +708,8 @@ def _task_markdown(rows: pd.DataFrame, target: Optional[float], metric: str) -> 
 
 def _spread(point: float, low: float, high: float, kind: str) -> str:
     """'1,853 (range 1,133 to 2,224)' for few seeds, '1,853 [1,133, 2,224]' for an interval."""
+    if kind == "one seed":
+        return _number(point)
     if kind == "range" and not np.isnan(point):
         return f"{_number(point)} (range {_number(low)} to {_number(high)})"
     return _with_interval(point, low, high)
@@ -729,7 +732,10 @@ def _references_markdown(baseline: Optional[Baseline], task: str) -> list:
         if reference.get("seeds"):
             facts.append(f"{reference['seeds']} seeds")
         why_not = baseline.why_not_comparable(reference, task)
-        if why_not is not None:
+        if measure == "other":
+            facts[0] = why_not  # what it is: how it was measured
+            verdict = "shown, not compared"
+        elif why_not is not None:
             verdict = f"not comparable with these runs: {why_not}"
         elif measure == "train_last_100":
             verdict = "compared with the runs' last 100 training episodes at its budget"
