@@ -133,22 +133,18 @@ def test_two_shards_serve_remote_clients_on_one_port_and_each_refuses_what_the_w
 
 
 def test_partial_rollouts_come_through_a_shards_slots_and_slots_are_reused(sharded):
-    # More chunks than a shard has slots: the learner's copies give them back.
-    batches = []
+    # More chunks than a shard has slots: each comes back to the shard once the learner is done with it
+    # (a batch that is one whole slot is lent until the next get_batch, others are copied out).
     for _ in range(12):
         client, _ = welcomed(sharded.port)
         for i in range(2):
             assert client.send(step(frame=float(i + 1))) == "actions"
         client.close()  # leaving: its two envs' unrolls, two steps each, are handed on partial
-        got = sharded.rollouts.get_batch(CHUNK, lambda: False)
-        batches.append(got)
-    for batch, core_state in batches:
+        batch, core_state = sharded.rollouts.get_batch(CHUNK, lambda: False)
         assert batch["mask"].shape == (T + 1, CHUNK)
         assert batch["mask"].sum(0).tolist() == [2, 2]  # the two steps, padded to T
         assert batch["frame"][:2, :, 0].tolist() == [[1.0, 1.0], [2.0, 2.0]]
         assert core_state == ()
-    # Each batch is the learner's own copy: later rollouts did not overwrite the first.
-    assert batches[0][0]["frame"][:2, :, 0].tolist() == [[1.0, 1.0], [2.0, 2.0]]
 
 
 def test_a_shard_killed_mid_run_is_replaced_and_its_clients_reconnect():

@@ -157,6 +157,9 @@ class RolloutQueue:
         self._size = 0
         self._changed = threading.Condition()
         self.assembly_s = 0.0  # time the last get_batch spent cutting and joining
+        # A shard's slot handed out as a whole batch without a copy: given back at the next get_batch,
+        # when the (one) learner thread is done with it.
+        self._lent = None
 
     def qsize(self) -> int:
         return self._size
@@ -181,6 +184,9 @@ class RolloutQueue:
         pieces = []
         needed = batch_size
         copying = 0.0  # seconds copying out of shards' slots
+        if self._lent is not None:  # the learner is done with the batch it was lent last time
+            self._lent, lent = None, self._lent
+            lent()
         with self._changed:
             while needed:
                 while not self._chunks:
@@ -193,6 +199,9 @@ class RolloutQueue:
                 chunk[2] += take
                 if release is None:
                     pieces.append((rollouts, state, first, first + take))
+                elif take == width(rollouts) == needed and not self.pin:  # a whole batch: lent as it is
+                    pieces.append((rollouts, state, first, first + take))
+                    self._lent, release = release, None
                 else:  # a shard's slot: copied out at once, and given back once wholly taken
                     copy_started = time.perf_counter()
                     pieces.append((*_taken(rollouts, state, first, first + take, self.pin), 0, take))
