@@ -411,6 +411,10 @@ def test_a_peer_reference_is_compared_on_its_measure_only_where_the_env_matches(
     assert (
         tasks.loc["HalfCheetah-v5", "peer"] == pytest.approx(1.5) and tasks.loc["HalfCheetah-v5", "spread"] == "range"
     )
+    per_run = pd.read_csv(written["runs_csv"], dtype={"run": str}).set_index("run")
+    assert per_run["peer"].to_dict() == {"0": 1.0, "1": 2.0, "2": 1.0, "3": 2.0}  # each run's, beside its final
+    assert (per_run["peer_step"] == 3000).all() and (per_run["peer_episodes"] == 3).all()
+    assert "| 0 | 1 | 0.00 | 1.00 (3 episodes, at step 3,000) |" in text
 
 
 def test_a_seed_short_of_the_budget_is_counted_and_keeps_the_task_out_of_the_aggregate(tmp_path):
