@@ -231,9 +231,11 @@ def summarise(run: Run, metric: str, target: Optional[float], budget: Optional[f
     steps, values = curve(run, metric)
     total_steps = run.config.get("total_steps")
     budget = budget if budget is not None else total_steps
+    last_step = float(run.train["step"].max())
+    if budget and met_stop_target(run):  # complete where its evaluations met the target: read it there
+        budget = min(budget, last_step)
     peer = measures.last_episodes_mean(run.train, budget) if budget else None
     wall = float(run.train["time_s"].max()) if "time_s" in run.train and run.train["time_s"].notna().any() else np.nan
-    last_step = float(run.train["step"].max())
     reached = np.nonzero(values >= target)[0] if target is not None and len(values) else []
     pooled, episodes = _final_pool(run) if metric == "eval" else (0, 0)
     return dict(
