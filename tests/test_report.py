@@ -175,6 +175,10 @@ def test_a_run_stopped_by_its_evaluation_target_is_finished_and_of_the_same_sett
     # Seed 2 met its target (9 >= 8): complete. Seeds 1 (no target) and 3 (10 never met) stopped short.
     assert "Unfinished, their last score standing in for the final one: 1 at 2,000 of 3,000, 3 at 2,000" in text
     assert "| all runs | 3 (2 unfinished) |" in text  # when to stop makes no setting of its own
+    # The peers' measure of the run complete at its target is read where it stopped; the others are short.
+    per_run = pd.read_csv(written["runs_csv"], dtype={"run": str}).set_index("run")
+    assert per_run.loc["2", "peer_step"] == 2000 and per_run.loc["2", "peer"] == 2.0
+    assert per_run.loc[["1", "3"], "peer"].isna().all()
 
 
 def test_normalisation_reads_the_data_file(sweep, tmp_path):
@@ -411,6 +415,10 @@ def test_a_peer_reference_is_compared_on_its_measure_only_where_the_env_matches(
     assert (
         tasks.loc["HalfCheetah-v5", "peer"] == pytest.approx(1.5) and tasks.loc["HalfCheetah-v5", "spread"] == "range"
     )
+    per_run = pd.read_csv(written["runs_csv"], dtype={"run": str}).set_index("run")
+    assert per_run["peer"].to_dict() == {"0": 1.0, "1": 2.0, "2": 1.0, "3": 2.0}  # each run's, beside its final
+    assert (per_run["peer_step"] == 3000).all() and (per_run["peer_episodes"] == 3).all()
+    assert "| 0 | 1 | 0.00 | 1.00 (3 episodes, at step 3,000) |" in text
 
 
 def test_a_seed_short_of_the_budget_is_counted_and_keeps_the_task_out_of_the_aggregate(tmp_path):

@@ -231,9 +231,11 @@ def summarise(run: Run, metric: str, target: Optional[float], budget: Optional[f
     steps, values = curve(run, metric)
     total_steps = run.config.get("total_steps")
     budget = budget if budget is not None else total_steps
+    last_step = float(run.train["step"].max())
+    if budget and met_stop_target(run):  # complete where its evaluations met the target: read it there
+        budget = min(budget, last_step)
     peer = measures.last_episodes_mean(run.train, budget) if budget else None
     wall = float(run.train["time_s"].max()) if "time_s" in run.train and run.train["time_s"].notna().any() else np.nan
-    last_step = float(run.train["step"].max())
     reached = np.nonzero(values >= target)[0] if target is not None and len(values) else []
     pooled, episodes = _final_pool(run) if metric == "eval" else (0, 0)
     return dict(
@@ -525,12 +527,26 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
     )
     written["tasks_csv"] = out_dir / "tasks.csv"
     table.to_csv(written["tasks_csv"], index=False)
+    written["runs_csv"] = out_dir / "runs.csv"  # each run's figures: our evaluation and the peers' measure
+    per_run.to_csv(written["runs_csv"], index=False)
     written["aggregates_csv"] = out_dir / "aggregates.csv"
     aggregates.to_csv(written["aggregates_csv"], index=False)
     short = per_run[per_run["unfinished"]].itertuples(index=False)
     unfinished = [f"{r.run} at {_steps(r.steps)} of {_steps(r.total_steps)}" for r in short]
     markdown = render_markdown(
-        paths, loaded, metric, missing, table, aggregates, used, left_out, baselines, options, written, unfinished
+        paths,
+        loaded,
+        metric,
+        missing,
+        table,
+        aggregates,
+        used,
+        left_out,
+        baselines,
+        options,
+        written,
+        unfinished,
+        per_run,
     )
     written["report"] = out_dir / "report.md"
     written["report"].write_text(markdown)
@@ -582,9 +598,22 @@ def _file_name(task: str) -> str:
 
 
 def render_markdown(
-    paths, loaded, metric, missing, table, aggregates, used, left_out, baselines, options, written, unfinished=()
+    paths,
+    loaded,
+    metric,
+    missing,
+    table,
+    aggregates,
+    used,
+    left_out,
+    baselines,
+    options,
+    written,
+    unfinished=(),
+    per_run: Optional[pd.DataFrame] = None,
 ) -> str:
-    """unfinished: `RUN at STEPS of TOTAL` for each run short of its total_steps."""
+    """unfinished: `RUN at STEPS of TOTAL` for each run short of its total_steps; per_run: summarise's
+    rows, for each run's figures."""
     what = (
         "evaluation return (eval.csv's mean_return; the last evaluation is the final score)"
         if metric == "eval"
@@ -641,6 +670,8 @@ def render_markdown(
     for task in tasks(loaded):
         lines += ["", f"## {task}", "", f"![{task}]({written[f'curve:{task}'].name})", ""]
         lines += _task_markdown(table[table["task"] == task], _target(options.targets, task), metric)
+        if per_run is not None:
+            lines += _runs_markdown(per_run[per_run["task"] == task], metric)
         lines += _references_markdown(baselines.get(task), task)
     lines += ["", "## Across tasks (normalised final scores)", ""]
     lines += _aggregate_markdown(aggregates, used, left_out, written)
@@ -703,6 +734,20 @@ def _task_markdown(rows: pd.DataFrame, target: Optional[float], metric: str) -> 
             f"{_spread(row.best, row.best_low, row.best_high, row.spread)} | {peer} | {reach} | "
             f"{_duration(row.wall_s)} | {_number(row.sps)} |"
         )
+    return lines
+
+
+def _runs_markdown(rows: pd.DataFrame, metric: str) -> list:
+    """Each run's final score beside the peers' measure, with the episodes and the step it was read at."""
+    ours = "evaluation" if metric == "eval" else "training, last 100"
+    lines = ["", f"| run | seed | final ({ours}) | last 100 training episodes |", "|---|---|---|---|"]
+    for row in rows.itertuples(index=False):
+        if np.isnan(row.peer):
+            peer = f"- (short of {_steps(row.peer_budget)} steps)" if not np.isnan(row.peer_budget) else "-"
+        else:
+            peer = f"{_number(row.peer)} ({row.peer_episodes} episodes, at step {_steps(row.peer_step)})"
+        seed = "-" if row.seed is None or (isinstance(row.seed, float) and np.isnan(row.seed)) else int(row.seed)
+        lines.append(f"| {row.run} | {seed} | {_number(row.final)} | {peer} |")
     return lines
 
 
