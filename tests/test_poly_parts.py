@@ -295,6 +295,7 @@ class Steps:
                 action=np.full(self.n, self.t % 2),
                 baseline=out["frame"][:, 0],
                 policy_logits=np.zeros((self.n, 2), np.float32),
+                policy_version=np.full(self.n, self.t),
             )
         )
         self.t += 1
@@ -464,3 +465,23 @@ def test_a_client_whose_learner_is_gone_for_good_gives_up_after_connect_timeout_
     thread.join(timeout=10)
     assert done == [UNREACHABLE], f"still retrying after {len(sessions)} attempts"
     assert sessions[-1] - sessions[0] < 3  # the wait restarted once, when the served session was lost
+
+
+def test_a_shards_slot_is_given_back_once_copied_or_once_a_lent_batch_is_done():
+    rollouts = RolloutQueue(capacity=100)
+    released = []
+    stopping = threading.Event()
+    rollouts.put(*chunk(0, 3), stopping, release=lambda: released.append("a"))
+    rollouts.put(*chunk(3, 2), stopping, release=lambda: released.append("b"))
+    batch, (state,) = rollouts.get_batch(2, lambda: False)  # part of slot a: copied, a still queued
+    assert released == [] and batch["frame"][0].tolist() == [0, 1]
+    batch, (state,) = rollouts.get_batch(2, lambda: False)  # the rest of a and part of b: a is back
+    assert released == ["a"] and batch["frame"][0].tolist() == [2, 3]
+    rollouts.put(*chunk(5, 2), stopping, release=lambda: released.append("c"))
+    batch, (state,) = rollouts.get_batch(1, lambda: False)  # the rest of b
+    assert released == ["a", "b"] and batch["frame"][0].tolist() == [4]
+    batch, (state,) = rollouts.get_batch(2, lambda: False)  # slot c whole: lent, not copied
+    assert released == ["a", "b"] and batch["frame"][0].tolist() == [5, 6]
+    rollouts.put(*chunk(7, 1), stopping, release=lambda: released.append("d"))
+    rollouts.get_batch(1, lambda: False)  # the learner is done with c
+    assert released[:3] == ["a", "b", "c"]

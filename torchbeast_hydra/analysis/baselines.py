@@ -9,6 +9,8 @@ from typing import Optional
 
 import yaml
 
+from torchbeast_hydra.analysis import measures
+
 BASELINES = Path(__file__).with_name("baselines.yaml")
 KEPT_BASELINES = "baselines.yaml"  # beside report.md, when the report used a baselines file of its own
 
@@ -21,6 +23,19 @@ class Baseline:
     random: Optional[dict] = None
     references: list = field(default_factory=list)
     normalise_by: Optional[str] = None
+    same_dynamics: list = field(default_factory=list)  # ids whose figures compare with each other
+    notes: Optional[str] = None
+
+    def why_not_comparable(self, reference: dict, task: str) -> Optional[str]:
+        """None if runs on task compare with this reference (measures.why_not_comparable)."""
+        return measures.why_not_comparable(reference, task, self.same_dynamics)
+
+    def peer_budget(self) -> Optional[float]:
+        """The steps at which the peers' measure (train_last_100) is read for this task: its
+        normaliser's, else its first such reference's; None if it has none."""
+        peers = [r for r in self.references if measures.measure_of(r) == "train_last_100" and r.get("steps")]
+        peers.sort(key=lambda r: r["name"] != self.normalise_by)
+        return float(peers[0]["steps"]) if peers else None
 
     def normaliser(self) -> Optional[dict]:
         """The reference that scores 1 (with the random score as 0), or None if either is missing."""
@@ -39,7 +54,11 @@ def load_baselines(path: str | Path = BASELINES) -> dict:
             random=entry.get("random"),
             references=list(entry.get("references") or []),
             normalise_by=entry.get("normalise_by"),
+            same_dynamics=list(entry.get("same_dynamics") or []),
+            notes=entry.get("notes"),
         )
+        for reference in baseline.references:
+            measures.measure_of(reference)  # an unknown measure fails here, naming the reference
         for name in [task, *(entry.get("aliases") or [])]:
             out[name] = baseline
     return out

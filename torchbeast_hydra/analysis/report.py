@@ -65,8 +65,10 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
         raise FileNotFoundError(
             f"no run has {tables.NO_SCORE[metric]}" + (": use --metric train" if metric == "eval" else "")
         )
-    per_run = pd.DataFrame([tables.summarise(r, metric, options.target(r.task)) for r in loaded])
     known = baselines.load_baselines(options.baselines)
+    per_run = pd.DataFrame(
+        [tables.summarise(r, metric, options.target(r.task), _peer_budget(known.get(r.task), r)) for r in loaded]
+    )
     table = tables.task_table(per_run, options.reps, options.seed)
     normalised, used, left_out = tables.normalised_scores(per_run, known)
     aggregates = tables.aggregate_table(normalised, options.reps, options.seed)
@@ -89,16 +91,40 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
     )
     written["tasks_csv"] = out_dir / "tasks.csv"
     table.to_csv(written["tasks_csv"], index=False)
+    written["runs_csv"] = out_dir / "runs.csv"  # each run's figures: our evaluation and the peers' measure
+    per_run.to_csv(written["runs_csv"], index=False)
     written["aggregates_csv"] = out_dir / "aggregates.csv"
     aggregates.to_csv(written["aggregates_csv"], index=False)
     short = per_run[per_run["unfinished"]].itertuples(index=False)
     unfinished = [f"{r.run} at {formatting.steps(r.steps)} of {formatting.steps(r.total_steps)}" for r in short]
     text = markdown.render_markdown(
-        paths, loaded, metric, missing, table, aggregates, used, left_out, known, options, written, unfinished
+        paths,
+        loaded,
+        metric,
+        missing,
+        table,
+        aggregates,
+        used,
+        left_out,
+        known,
+        options,
+        written,
+        unfinished,
+        per_run,
     )
     written["report"] = out_dir / "report.md"
     written["report"].write_text(text)
     return written
+
+
+def _peer_budget(baseline: Optional[baselines.Baseline], run: runs.Run) -> Optional[float]:
+    """Where a run's peers' measure is read: at its task's reference's budget when the run was meant
+    to reach it (its total_steps), else at its own total_steps (and then not compared)."""
+    budget = baseline.peer_budget() if baseline is not None else None
+    total_steps = run.config.get("total_steps")
+    if budget is None or (isinstance(total_steps, (int, float)) and total_steps < budget):
+        return total_steps
+    return budget
 
 
 def _save(fig: Figure, path: Path) -> Path:

@@ -10,6 +10,7 @@ import time
 import torch
 
 from torchbeast_hydra.learning import accel
+from torchbeast_hydra.learning.policy_lag import BehaviourVersions
 from torchbeast_hydra.run.devices import learner_threads, to_device, usable_cores
 from torchbeast_hydra.run.publish import WeightPublisher
 from torchbeast_hydra.run.signals import StopOnSignals
@@ -46,7 +47,13 @@ class Backend:
         self.weights_lock = threading.Lock()  # held while the acting copy is written
         self._errors = []
         self.publisher = WeightPublisher(
-            run.learner.model, policy, run.lock, self.weights_lock, cfg.backend.publish_interval
+            run.learner.model,
+            policy,
+            run.lock,
+            self.weights_lock,
+            cfg.backend.publish_interval,
+            updates=lambda: run.learner.updates,
+            synchronous=cfg.backend.synchronous,
         )
         self.publisher.publish_now()
         self.bf16_acting = accel.acts_in_bf16(cfg.accel, run.learner.bf16)
@@ -105,7 +112,8 @@ class Backend:
                     return
                 batch, core_state, observed = got
                 figures = self.run.batch_figures(batch)  # from the CPU copy: no wait on the device
-                row = self.run.update(*to_device(batch, core_state, self.run.device), observed, figures)
+                versions = BehaviourVersions.of(batch)
+                row = self.run.update(*to_device(batch, core_state, self.run.device), observed, figures, versions)
                 if row is not None:
                     trial.observe(row)
                 self.publisher.after_update()

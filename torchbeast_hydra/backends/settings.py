@@ -5,6 +5,7 @@ sizes: mono/settings.py, poly/settings.py, listed in registry.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from omegaconf import MISSING
 
@@ -31,10 +32,20 @@ class BackendConfig:
     # Learner updates between copies of the weights to the acting policy (mono's actors, poly's
     # inference). 1: after every update. On a GPU the copy never makes the learner wait.
     publish_interval: int = 1
+    # Rollouts with a step acted by weights more than this many learner updates old are not learned
+    # from (masked out, counted in logs.csv's dropped_stale_rollouts); null: off. logs.csv's
+    # policy_lag_mean / policy_lag_max show the lag either way.
+    max_policy_lag: Optional[int] = None
+    # Every update learns only from steps acted by the learner's current weights (policy lag 0):
+    # the weights are published after every update, actors (mono) and sessions (poly) start each
+    # unroll only with weights newer than their last unroll's, and what is still older is dropped
+    # as with max_policy_lag=0. Needs publish_interval=1, at least batch_size envs, and on poly
+    # role=all with cut_at_reset=false; mono uses one learner thread.
+    synchronous: bool = False
     max_actor_restarts: int = 10  # a run whose actors keep dying stops with an error
-    # Atari ids: actors (mono) and env clients (poly) step their envs in ale-py's native
-    # AtariVectorEnv where it reproduces env.vector.Environments (env/native.py): the same preprocessing
-    # in C++, ~30% less CPU a step. false: always the gymnasium envs.
+    # env.engine=auto may pick a C++ engine for actors (mono) and env clients (poly): EnvPool or
+    # ale-py's native AtariVectorEnv where they reproduce env.vector.Environments (env/engines.py): the
+    # same preprocessing in C++, ~30% less CPU a step. false: auto means the gymnasium envs.
     vector_env: bool = True
 
 
@@ -61,3 +72,19 @@ def check(cfg) -> None:
     require(backend.publish_interval >= 1, "backend.publish_interval must be at least 1 (updates).")
     require(backend.num_actors >= 1, "backend.num_actors must be at least 1 (or 0: auto).")
     require(backend.envs_per_actor >= 1, "backend.envs_per_actor must be at least 1 (or 0: auto).")
+    require(
+        backend.max_policy_lag is None or backend.max_policy_lag >= 0,
+        "backend.max_policy_lag must be >= 0 (learner updates) or null (off).",
+    )
+    if backend.synchronous:
+        require(
+            backend.publish_interval == 1,
+            "backend.synchronous=true publishes after every update: set backend.publish_interval=1.",
+        )
+        envs = backend.num_actors * backend.envs_per_actor
+        require(
+            envs >= cfg.batch_size,
+            f"backend.synchronous=true needs at least batch_size={cfg.batch_size} envs acting (each waits for "
+            f"new weights after an unroll): raise backend.num_actors x backend.envs_per_actor (now {envs}) "
+            "or lower batch_size.",
+        )

@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 from torchbeast_hydra.agent.models import make_model, saved_model_config
 from torchbeast_hydra.env.actions import random_actions
+from torchbeast_hydra.env.engines import evaluation_envs
 from torchbeast_hydra.env.make import is_atari
 from torchbeast_hydra.env.settings import AtariEnvConfig, EnvConfig, atari_settings
 from torchbeast_hydra.env.vector import Environments
@@ -82,7 +83,7 @@ def evaluate(cfg, trained_dir: Path, out_dir: Path) -> dict:
     # Evaluation seeds (seeding.eval_seed), never a training env's: the same starts as the periodic
     # evaluations of a run with this seed, and no episode any run's actors played.
     seed = eval_seed(cfg.seed)
-    envs = Environments(env_cfg, 1, seed=seed, render_mode="rgb_array" if record else None)
+    envs = evaluation_envs(env_cfg, 1, seed, render_mode="rgb_array" if record else None)
     if record:
         envs.envs[0] = _record_video(envs.envs[0], out_dir / "videos", cfg.test.num_episodes)
     model = make_model(model_cfg, envs.spec)
@@ -183,10 +184,17 @@ def protocol(env_cfg, envs: Environments, rules: Rules) -> dict:
         greedy=rules.greedy,
         epsilon=rules.epsilon if rules.greedy else "",
         sticky_action_prob=atari.sticky_action_prob if atari else "",
-        max_episode_steps=rules.max_episode_steps,
+        max_episode_steps=episode_cap(envs, rules),
         episodic_life=envs.episodic_life,
         noop_max=atari.noop_max if atari else "",
     )
+
+
+def episode_cap(envs: Environments, rules: Rules) -> int:
+    """Where a game is cut: the env's own time limit where it comes first (CartPole-v1's 500 steps,
+    not test.max_episode_steps, ALE's 27,000)."""
+    limit = envs.time_limit
+    return rules.max_episode_steps if limit is None else min(limit, rules.max_episode_steps)
 
 
 def with_test_protocol(cfg, env_cfg: dict) -> EnvConfig:
@@ -202,7 +210,7 @@ def with_test_protocol(cfg, env_cfg: dict) -> EnvConfig:
 
 
 def play(model, envs: Environments, rules: Rules, seed: int = 0):
-    """Plays envs.envs[0] for rules.episodes games; returns (returns, lengths).
+    """Plays env 0 of envs for rules.episodes games; returns (returns, lengths).
 
     A game cut at rules.max_episode_steps counts with the return it had, and the next one starts
     from a fresh reset (never a replay of the first game: the env's RNG goes on). Greedy play takes

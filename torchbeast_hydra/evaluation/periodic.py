@@ -29,7 +29,7 @@ import torch
 import torch.multiprocessing as mp
 
 from torchbeast_hydra.agent.models import make_model
-from torchbeast_hydra.env.vector import Environments
+from torchbeast_hydra.env.engines import evaluation_envs
 from torchbeast_hydra.evaluation.evaluate import (
     EVAL_FIGURES,
     Rules,
@@ -58,7 +58,7 @@ class Player:
     def __init__(self, model_cfg, env_cfg, seed: int):
         self.env_cfg = env_cfg
         self.seed = seed
-        self.envs = Environments(env_cfg, 1, seed=seed)
+        self.envs = evaluation_envs(env_cfg, 1, seed)
         self.model = make_model(model_cfg, self.envs.spec).eval()
 
     def play(self, weights: dict, rules: Rules) -> dict:

@@ -27,6 +27,7 @@ from torchbeast_hydra.agent.models import make_model
 from torchbeast_hydra.env.spaces import EnvSpec
 from torchbeast_hydra.learning import accel
 from torchbeast_hydra.learning.learner import Learner
+from torchbeast_hydra.learning.policy_lag import BehaviourVersions, lag_figures, stale_rollouts, without_rollouts
 from torchbeast_hydra.logs.metrics import CsvLog, Stats, duration
 from torchbeast_hydra.logs.wandb_log import WandbLog, hydra_labels
 from torchbeast_hydra.run import checkpoint
@@ -119,6 +120,8 @@ class TrainingRun:
             sum_over_ranks=ranks.sum_over_ranks if ranks is not None else None,
         )
         self.lock = threading.Lock()  # guards the learner and stats between updates and saves
+        # Rollouts with a step older than this many learner updates are not learned from (None: all are).
+        self.max_policy_lag = 0 if cfg.backend.synchronous else cfg.backend.max_policy_lag
 
     def _make_stop_events(self) -> None:
         self.stop_requested = threading.Event()
@@ -258,14 +261,25 @@ class TrainingRun:
         ends = batch["episode_end"][1:] & batch["mask"][1:]
         return steps, batch["episode_return"][1:][ends].tolist()
 
-    def update(self, batch: dict, initial_core_state: tuple, queues: dict, figures: tuple | None = None) -> dict | None:
+    def update(
+        self,
+        batch: dict,
+        initial_core_state: tuple,
+        queues: dict,
+        figures: tuple | None = None,
+        versions: BehaviourVersions | None = None,
+    ) -> dict | None:
         """One learner update on a batch [T+1, B, ...]; logs its row. Thread-safe.
 
-        figures: batch_figures(the batch's CPU copy); computed here from `batch` when not given.
-        A batch that arrives once total_steps is reached (another learner thread got there
-        first) is dropped, so every run ends at the same step count.
+        figures: batch_figures(the batch's CPU copy), versions: BehaviourVersions.of(it); computed
+        here from `batch` when not given. A batch that arrives once total_steps is reached (another
+        learner thread got there first) is dropped, so every run ends at the same step count.
+        Rollouts older than backend.max_policy_lag (synchronous: any lag) are masked out of the
+        update; their steps and episodes still count (they were played), and they are counted in
+        dropped_stale_rollouts.
         """
         steps, episode_returns = self.batch_figures(batch) if figures is None else figures
+        versions = BehaviourVersions.of(batch) if versions is None else versions
         with self.lock:
             if self.stats.step >= self.cfg.total_steps:
                 return None
@@ -274,9 +288,21 @@ class TrainingRun:
                 if agreed is None:
                     return None
                 steps, episode_returns = agreed
+            lag = lag_figures(versions, self.learner.updates)
+            stale = stale_rollouts(versions, self.learner.updates, self.max_policy_lag)
+            if len(stale):
+                batch = without_rollouts(batch, stale)
+                lag["dropped_stale_rollouts"] = len(stale)
+            elif self.max_policy_lag is not None:
+                lag["dropped_stale_rollouts"] = 0
             started = time.perf_counter()
-            update_stats = self.learner.update(batch, initial_core_state, steps)
+            if len(stale) < len(versions.oldest) or self.ranks is not None:
+                update_stats = self.learner.update(batch, initial_core_state, steps)
+            else:  # nothing fresh: no optimiser step (Adam's moments would move the weights anyway)
+                self.learner.steps += steps
+                update_stats = {}
             update_stats["update_ms"] = round(1000 * (time.perf_counter() - started), 2)
+            update_stats.update(lag)
             with writing(self.csv_path):
                 return self.stats.record(steps, episode_returns, update_stats, queues)
 

@@ -33,8 +33,8 @@ from torchbeast_hydra.agent.models import make_model
 from torchbeast_hydra.backends.loop import Backend
 from torchbeast_hydra.backends.mono.settings import num_buffers
 from torchbeast_hydra.env.actions import ActionError, bad_rows
+from torchbeast_hydra.env.engines import envs_maker
 from torchbeast_hydra.env.layout import AGENT_KEYS, env_keys, fits_limit, within_limit, zero_rollouts
-from torchbeast_hydra.env.native import envs_maker
 from torchbeast_hydra.env.spaces import EnvSpec
 from torchbeast_hydra.learning import accel
 from torchbeast_hydra.logs.metrics import measured
@@ -126,10 +126,16 @@ def _decode_report(message: bytes) -> tuple:
 
 
 class BufferPool:
-    """Hands out free buffers to actors (k at a time) and collects full ones for the learner."""
+    """Hands out free buffers to actors (k at a time) and collects full ones for the learner.
 
-    def __init__(self, count: int, per_actor: int, unroll_length: int):
+    version: with backend.synchronous, the acting weights' version (WeightPublisher.version): an
+    actor is granted its next buffers only once the weights are newer than at its last grant, so
+    each unroll is acted by weights no unroll of that actor has used (regrant() on each publish)."""
+
+    def __init__(self, count: int, per_actor: int, unroll_length: int, version: torch.Tensor | None = None):
         self.per_actor, self.unroll_length = per_actor, unroll_length
+        self.version = version
+        self.granted_at = {}  # actor index -> the weights' version at its last grant (synchronous)
         self.free = list(range(count))
         self.full = queue.Queue()
         self.granted = {}  # actor index -> buffer indices it is filling
@@ -149,11 +155,17 @@ class BufferPool:
         """Forget a dead actor and reclaim the buffers it was filling."""
         with self._lock:
             self.free.extend(self.granted.pop(index, []))
+            self.granted_at.pop(index, None)  # its replacement starts at once: it has acted nothing yet
             if index in self.waiting:
                 self.waiting.remove(index)
             conn = self.conns.pop(index, None)
             if conn is not None:
                 conn.close()
+            self._grant()
+
+    def regrant(self) -> None:
+        """New weights are published: actors waiting for them may go on."""
+        with self._lock:
             self._grant()
 
     def release(self, indices) -> None:
@@ -195,8 +207,15 @@ class BufferPool:
         return 1e6 * env_s / steps, 1e6 * inference_s / steps, int(clipped)
 
     def _grant(self) -> None:
+        waiting = []
         while self.waiting and len(self.free) >= self.per_actor:
             index = self.waiting.pop(0)
+            if self.version is not None:
+                version = int(self.version)
+                if self.granted_at.get(index, -1) >= version:  # these weights acted its last unroll
+                    waiting.append(index)
+                    continue
+                self.granted_at[index] = version
             grant, self.free = self.free[: self.per_actor], self.free[self.per_actor :]
             try:
                 self.conns[index].send_bytes(_encode(grant))
@@ -204,6 +223,7 @@ class BufferPool:
                 self.free.extend(grant)  # the supervisor will notice the dead actor
                 continue
             self.granted[index] = grant
+        self.waiting = waiting + self.waiting
 
     def stop_actors(self) -> None:
         with self._lock:
@@ -215,11 +235,24 @@ class BufferPool:
 
 
 def actor_main(
-    env_id, make_envs, num_envs, seed, unroll_length, model, buffers, state_buffers, conn, obs_limit, clip_obs, bf16
+    env_id,
+    make_envs,
+    num_envs,
+    seed,
+    unroll_length,
+    model,
+    version,
+    buffers,
+    state_buffers,
+    conn,
+    obs_limit,
+    clip_obs,
+    bf16,
 ):
     """An actor process: fill the granted buffers with unrolls until told to stop. make_envs:
-    env/native.py's maker (the native vector env for Atari ids, else the gymnasium envs); bf16:
-    its forward passes under bf16 autocast (accel.acts_in_bf16)."""
+    env/native.py's maker (the native vector env for Atari ids, else the gymnasium envs); version:
+    the shared model's (WeightPublisher.version); bf16: its forward passes under bf16 autocast
+    (accel.acts_in_bf16)."""
     torch.set_num_threads(1)  # one core-sized slice each; the learner gets the rest
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the learner, which stops us
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # SLURM signals the whole job; the parent handles it
@@ -227,7 +260,7 @@ def actor_main(
     envs = make_envs(num_envs, seed)
     guard = ObservationGuard(envs.spec, env_id, obs_limit, clip_obs)
     try:
-        _act(envs, guard, unroll_length, model, buffers, state_buffers, conn, bf16)
+        _act(envs, guard, unroll_length, model, version, buffers, state_buffers, conn, bf16)
     except (EOFError, ConnectionError, KeyboardInterrupt):
         pass  # the learner is gone (stopped us, or died: a reset pipe) or stopping
     except BadObservation as error:  # the learner stops the run with this text; we wait to be stopped
@@ -252,14 +285,19 @@ def _observe(outputs: dict, guard: ObservationGuard) -> dict:
     return {key: torch.from_numpy(array).unsqueeze(0) for key, array in outputs.items()}
 
 
-def _act(envs, guard, unroll_length, model, buffers, state_buffers, conn, bf16: bool = False) -> None:
+def _act(envs, guard, unroll_length, model, version, buffers, state_buffers, conn, bf16: bool = False) -> None:
     cpu = torch.device("cpu")
 
     def policy(env_output: dict, core_state: tuple):
+        # Read before the pass: the publisher writes the version after the weights, so the pass
+        # uses these weights or newer ones (a lag is never under-counted).
+        acting = version.clone()
         # A context per pass: autocast keeps its bf16 copies of the weights until its context
         # ends, and the learner rewrites them between passes.
         with torch.no_grad(), accel.autocast(bf16, cpu):
-            return model(env_output, core_state)
+            outputs, core_state = model(env_output, core_state)
+        outputs["policy_version"] = acting.expand(outputs["baseline"].shape)
+        return outputs, core_state
 
     env_output = _observe(envs.initial(), guard)
     core_state = model.initial_state(len(envs))
@@ -311,10 +349,16 @@ class MonoBeast(Backend):
         count = num_buffers(cfg)
         self.buffers = create_buffers(run.spec, cfg.unroll_length, count)
         self.state_buffers = create_state_buffers(self.policy, count)
-        self.pool = BufferPool(count, backend.envs_per_actor, cfg.unroll_length)
+        synchronous = backend.synchronous
+        self.pool = BufferPool(
+            count, backend.envs_per_actor, cfg.unroll_length, self.publisher.version if synchronous else None
+        )
+        if synchronous:  # one batch per version: a second learner thread would only learn from stale ones
+            self.num_learner_threads = 1
+            self.publisher.on_publish.append(self.pool.regrant)
         self.env_cfg = OmegaConf.to_object(cfg.env)
         # One native thread per actor: an actor per core is the machine's share already.
-        self.make_envs = envs_maker(self.env_cfg, 1, native=backend.vector_env)
+        self.make_envs = envs_maker(self.env_cfg, 1, vector_env=backend.vector_env)
         self.actors = ActorProcesses(
             self._start_actor,
             backend.num_actors,
@@ -342,6 +386,7 @@ class MonoBeast(Backend):
                 seed,
                 self.cfg.unroll_length,
                 self.policy,
+                self.publisher.version,
                 self.buffers,
                 self.state_buffers,
                 actor_end,
