@@ -12,6 +12,7 @@
     python benchmarks/throughput.py pipeline --learner cli --obs cartpole experiment=cartpole
     python benchmarks/throughput.py pipeline --learner cli --clients 2 4 --envs 64 model=trivial_frames
     python benchmarks/throughput.py pipeline --obs float64 --clients 1   # the server's float range check
+    python benchmarks/throughput.py pipeline --shards 1 2 --rounds 3 --envs 16   # the server in 1 and 2 processes
     python benchmarks/throughput.py envs                  # the raw env rate of each engine (env.engine)
     python benchmarks/throughput.py envs --engines native envpool --ids ALE/Pong-v5 --rounds 5
     python benchmarks/throughput.py envs --processes 16 --seconds 3   # a 16-core machine, a process a core
@@ -279,24 +280,34 @@ def pipeline_mode(args) -> None:
     )
     extra = "  update us/step  queue" if args.learner == "cli" else ""
     print(
-        f"{'clients':>7} {'envs/client':>11} {'env-steps/s':>12} {'wall us/step':>12} {'CPU us/step':>11} "
-        f"{'of it learner process':>21} "
+        f"{'shards':>6} {'clients':>7} {'envs/client':>11} {'env-steps/s':>12} {'wall us/step':>12} "
+        f"{'CPU us/step':>11} {'of it learner process':>21} {'shards':>6} "
         f"{'server us/step':>14} {'gather us/step':>14} {'inference batch':>15}{extra}"
     )
-    measure_pipeline = measure_cli if args.learner == "cli" else measure_null
-    for clients in args.clients:
-        for envs in args.envs:
-            r = measure_pipeline(maker, args, clients, envs)
-            line = (
-                # no step in the window (a loaded machine, a short --seconds): no time a step either
-                f"{clients:>7} {envs:>11} {r['sps']:>12,.0f} {_cell(1e6 / r['sps'] if r['sps'] else None, 12, '.1f')} "
-                f"{r['cpu_us']:>11.1f} "
-                f"{r['learner_cpu_us']:>21.1f} "
-                f"{_cell(r['server_us'], 14, '.1f')} {r['gather_us']:>14.1f} {r['inference_batch']:>15.1f}"
-            )
-            if args.learner == "cli":
-                line += f" {r['update_us']:>15.1f} {r['queue'] or 0:>6.1f}"
-            print(line, flush=True)
+    for _ in range(args.rounds):  # rounds alternate the shard counts: other load on the machine hits each alike
+        for shards in args.shards:
+            for clients in args.clients:
+                for envs in args.envs:
+                    if args.learner == "cli":
+                        args.overrides = [o for o in args.overrides if not o.startswith("backend.server_shards=")]
+                        args.overrides.append(f"backend.server_shards={shards}")
+                        r = measure_cli(maker, args, clients, envs)
+                    else:
+                        r = measure_null(maker, args, clients, envs, shards)
+                    print(_pipeline_line(args, shards, clients, envs, r), flush=True)
+
+
+def _pipeline_line(args, shards: int, clients: int, envs: int, r: dict) -> str:
+    line = (
+        # no step in the window (a loaded machine, a short --seconds): no time a step either
+        f"{shards:>6} {clients:>7} {envs:>11} {r['sps']:>12,.0f} "
+        f"{_cell(1e6 / r['sps'] if r['sps'] else None, 12, '.1f')} {r['cpu_us']:>11.1f} "
+        f"{r['learner_cpu_us']:>21.1f} {_cell(r.get('shards_cpu_us'), 6, '.1f')} "
+        f"{_cell(r['server_us'], 14, '.1f')} {r['gather_us']:>14.1f} {r['inference_batch']:>15.1f}"
+    )
+    if args.learner == "cli":
+        line += f" {r['update_us']:>15.1f} {r['queue'] or 0:>6.1f}"
+    return line
 
 
 ENGINES = ("gymnasium", "native", "envpool")
@@ -373,6 +384,10 @@ def parser() -> argparse.ArgumentParser:
     pipe.add_argument("--max-batch-size", type=int, default=512, help="envs per central inference pass")
     pipe.add_argument("--batch-timeout-ms", type=float, default=2.0)
     pipe.add_argument("--learner-queue-size", type=int, default=64)
+    pipe.add_argument(
+        "--shards", type=int, nargs="+", default=[1], help="server shard processes (1: all in the learner's process)"
+    )
+    pipe.add_argument("--rounds", type=int, default=1, help="times to measure each shard count, alternating")
     pipe.add_argument("--seconds", type=float, default=15.0)
     pipe.add_argument("--warmup", type=float, default=5.0)
     pipe.add_argument("overrides", nargs="*", help="--learner cli: Hydra overrides for the learner")

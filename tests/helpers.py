@@ -375,8 +375,8 @@ def serve_small_pool(spec=POOL_SPEC, infer=zero_policy, on_error=None, idle_time
 class RawClient:
     """A Connect stream whose messages the test sends one at a time (or never)."""
 
-    def __init__(self, port, token=POOL_TOKEN):
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    def __init__(self, port, token=POOL_TOKEN, options=()):
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=list(options))
         self.outgoing = queue.SimpleQueue()
         connect = self.channel.stream_stream(
             wire.CONNECT, request_serializer=None, response_deserializer=wire.ServerMessage.FromString

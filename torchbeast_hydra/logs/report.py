@@ -318,8 +318,8 @@ def normalised_scores(per_run: pd.DataFrame, baselines: dict) -> tuple:
             left_out.append(f"{task} ({reference['name']}: {why_not}; not comparable)")
             continue
         column = "peer" if measures.measure_of(reference) == "train_last_100" else "final"
-        if column == "peer" and part["peer"].isna().any():
-            short = len(part) - int(part["peer"].notna().sum())
+        if column == "peer" and not (part["peer"].notna() & (part["peer_budget"] == reference["steps"])).all():
+            short = int((part["peer"].isna() | (part["peer_budget"] != reference["steps"])).sum())
             left_out.append(
                 f"{task} ({short} of {len(part)} runs short of {reference['name']}'s budget, "
                 f"{_steps(reference['steps'])} steps: not comparable)"
@@ -501,7 +501,7 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
         raise FileNotFoundError(f"no run has {NO_SCORE[metric]}" + (": use --metric train" if metric == "eval" else ""))
     baselines = load_baselines(options.baselines)
     per_run = pd.DataFrame(
-        [summarise(r, metric, _target(options.targets, r.task), _peer_budget(baselines.get(r.task))) for r in loaded]
+        [summarise(r, metric, _target(options.targets, r.task), _peer_budget(baselines.get(r.task), r)) for r in loaded]
     )
     table = task_table(per_run, options.reps, options.seed)
     normalised, used, left_out = normalised_scores(per_run, baselines)
@@ -558,8 +558,14 @@ def keep_runs(loaded: list, kept: Path) -> Path:
     return kept
 
 
-def _peer_budget(baseline: Optional[Baseline]) -> Optional[float]:
-    return baseline.peer_budget() if baseline is not None else None
+def _peer_budget(baseline: Optional[Baseline], run: Run) -> Optional[float]:
+    """Where a run's peers' measure is read: at its task's reference's budget when the run was meant
+    to reach it (its total_steps), else at its own total_steps (and then not compared)."""
+    budget = baseline.peer_budget() if baseline is not None else None
+    total_steps = run.config.get("total_steps")
+    if budget is None or (isinstance(total_steps, (int, float)) and total_steps < budget):
+        return total_steps
+    return budget
 
 
 def _target(targets: dict, task: str) -> Optional[float]:
@@ -628,7 +634,8 @@ def render_markdown(
         "Per task, final, best and the peers' measure: the mean over seeds [interval] or (range); steps to "
         "target: the median over the seeds that reached it, how many did, and the best the others reached; "
         "training time: logs.csv's time_s (across resumes); steps/s: steps / training time.",
-        "Curves: each seed thin, the mean over seeds bold with its 95% band; a seed that stopped at its evaluation "
+        "Curves: each seed thin, the mean over seeds bold with its 95% bootstrap band (with fewer than "
+        f"{measures.MIN_SEEDS_FOR_INTERVAL} seeds, close to the seeds' range); a seed that stopped at its evaluation "
         "target holds its last score in the mean.",
     ]
     for task in tasks(loaded):
@@ -701,6 +708,8 @@ def _task_markdown(rows: pd.DataFrame, target: Optional[float], metric: str) -> 
 
 def _spread(point: float, low: float, high: float, kind: str) -> str:
     """'1,853 (range 1,133 to 2,224)' for few seeds, '1,853 [1,133, 2,224]' for an interval."""
+    if kind == "one seed":
+        return _number(point)
     if kind == "range" and not np.isnan(point):
         return f"{_number(point)} (range {_number(low)} to {_number(high)})"
     return _with_interval(point, low, high)
@@ -723,7 +732,10 @@ def _references_markdown(baseline: Optional[Baseline], task: str) -> list:
         if reference.get("seeds"):
             facts.append(f"{reference['seeds']} seeds")
         why_not = baseline.why_not_comparable(reference, task)
-        if why_not is not None:
+        if measure == "other":
+            facts[0] = why_not  # what it is: how it was measured
+            verdict = "shown, not compared"
+        elif why_not is not None:
             verdict = f"not comparable with these runs: {why_not}"
         elif measure == "train_last_100":
             verdict = "compared with the runs' last 100 training episodes at its budget"
@@ -740,7 +752,7 @@ def _references_markdown(baseline: Optional[Baseline], task: str) -> list:
 
 def _aggregate_markdown(aggregates: pd.DataFrame, used: dict, left_out: list, written: dict) -> list:
     if aggregates.empty:
-        return ["No task has both a random score and a reference to normalise by (baselines.yaml)."] + (
+        return ["No task has both a random score and a comparable reference to normalise by (baselines.yaml)."] + (
             [f"Left out: {', '.join(left_out)}."] if left_out else []
         )
     by = "; ".join(f"{task} by {b.normalise_by} ({_normalised_measure(b)})" for task, b in sorted(used.items()))

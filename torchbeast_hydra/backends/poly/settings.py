@@ -61,6 +61,10 @@ class PolyConfig(BackendConfig):
     # role=all's env clients: over shared memory (no gRPC framing; the same checks, sessions and
     # seeds), or over gRPC on loopback as remote clients connect. role=env always speaks gRPC.
     local_transport: LocalTransport = LocalTransport.shared_memory
+    # Processes the server's work (wire decoding, checks, unroll assembly) is spread over, each with
+    # its own GIL, all serving on backend.address; central inference stays one batched pass in the
+    # learner. 0: one per 4 cores (1 below 8 cores); 1: all in the learner's process.
+    server_shards: int = 0
 
 
 ADDRESS_FILE_PREFIX = "file:"
@@ -91,8 +95,13 @@ def check(cfg) -> None:
     require(backend.batch_timeout_ms >= 0, "backend.batch_timeout_ms must be >= 0.")
     require(backend.connect_timeout_s > 0, "backend.connect_timeout_s must be positive.")
     require(backend.client_idle_timeout_s > 0, "backend.client_idle_timeout_s must be positive.")
+    require(backend.server_shards >= 0, "backend.server_shards must be >= 0 (0: from the cores).")
     require(backend.inference_torch_threads >= 1, "backend.inference_torch_threads must be at least 1.")
     require(backend.max_envs_per_client >= 1, "backend.max_envs_per_client must be at least 1.")
+    require(
+        not backend.synchronous or backend.server_shards <= 1,
+        "backend.synchronous=true keeps poly's server in the learner's process: set backend.server_shards=1 (or 0).",
+    )
     if backend.synchronous:  # sessions wait at whole unrolls' ends, for the envs the learner knows
         require(role is PolyRole.all, "backend.synchronous=true needs backend.role=all (the learner's own envs).")
         require(not backend.cut_at_reset, "backend.synchronous=true needs backend.cut_at_reset=false (whole unrolls).")
