@@ -13,6 +13,9 @@
     python benchmarks/throughput.py pipeline --learner cli --clients 2 4 --envs 64 model=trivial_frames
     python benchmarks/throughput.py pipeline --obs float64 --clients 1   # the server's float range check
     python benchmarks/throughput.py pipeline --shards 1 2 --rounds 3 --envs 16   # the server in 1 and 2 processes
+    python benchmarks/throughput.py envs                  # the raw env rate of each engine (env.engine)
+    python benchmarks/throughput.py envs --engines native envpool --ids ALE/Pong-v5 --rounds 5
+    python benchmarks/throughput.py envs --processes 16 --seconds 3   # a 16-core machine, a process a core
 
 train (the default mode): trains for --warmup + --seconds of training, by the run's own clock (its
 start-up not counted; the default warm-up covers the learner's thread trial, run/thread_trial.py;
@@ -39,6 +42,13 @@ env-step (all processes; the figure that stays comparable when other work shares
 --learner cli runs the real learner instead (`backend.role=learner` with the given overrides;
 model=trivial_frames, from benchmarks/conf, is a policy that costs the learner next to nothing).
 
+envs: the raw env rate of each engine (env.engine: gymnasium, native, envpool) for each id in --ids
+(Pong, HalfCheetah and Hopper by default): --processes processes at once, each stepping --num-envs
+envs with random actions on --threads threads, no policy (_engines.py). The engines alternate
+within each of --rounds rounds; the median round is printed: env-steps per CPU-second (what a core
+gives, comparable when other work shares the machine), CPU microseconds an env-step, and the wall
+rate of all the processes together. An engine that cannot run an id says why.
+
 Hydra overrides (key=value) may stand anywhere on the line, after a list option too.
 """
 
@@ -53,6 +63,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import GpuSampler, composed, mean_of, platform_line, steady_rate, steps_per_update, train  # noqa: E402
+from _engines import measure as measure_engine  # noqa: E402
+from _engines import refusal as engine_refusal  # noqa: E402
 from _pipeline import OBS  # noqa: E402
 from _stages import NATIVE_ENV, lockstep_env_us, stage_costs  # noqa: E402
 
@@ -298,6 +310,35 @@ def _pipeline_line(args, shards: int, clients: int, envs: int, r: dict) -> str:
     return line
 
 
+ENGINES = ("gymnasium", "native", "envpool")
+ENV_IDS = ("ALE/Pong-v5", "HalfCheetah-v5", "Hopper-v5")
+
+
+def envs_mode(args) -> None:
+    shape = f"{args.processes} process(es) x {args.num_envs} envs x {args.threads} thread(s)"
+    print(f"# raw env rate: {platform_line()}; {shape}")
+    runs = {}
+    for env_id in args.ids:
+        for engine in args.engines:
+            reason = engine_refusal(env_id, engine)
+            if reason is not None:
+                print(f"{env_id:<16} {engine:<10} -  ({reason})")
+            else:
+                runs[env_id, engine] = []
+    for round_ in range(args.rounds):  # engines alternate, so that a slow spell of the machine hits each
+        for key in runs:
+            runs[key].append(measure_engine(*key, args.num_envs, args.threads, args.processes, args.seconds))
+            print(f"  round {round_ + 1}: {key[0]} {key[1]} {runs[key][-1].per_core:,.0f} a core", file=sys.stderr)
+    print(f"{'id':<16} {'engine':<10} {'steps/s a core':>14} {'CPU us/step':>12} {'wall steps/s':>13}  rounds (a core)")
+    for (env_id, engine), rates in runs.items():
+        median = sorted(rates, key=lambda r: r.per_core)[len(rates) // 2]
+        each = ", ".join(f"{r.per_core:,.0f}" for r in rates)
+        print(
+            f"{env_id:<16} {engine:<10} {median.per_core:>14,.0f} {1e6 / median.per_core:>12.1f} "
+            f"{median.per_second:>13,.0f}  {each}"
+        )
+
+
 # -- the command line -------------------------------------------------------------------------------
 
 
@@ -350,11 +391,21 @@ def parser() -> argparse.ArgumentParser:
     pipe.add_argument("--seconds", type=float, default=15.0)
     pipe.add_argument("--warmup", type=float, default=5.0)
     pipe.add_argument("overrides", nargs="*", help="--learner cli: Hydra overrides for the learner")
+
+    engines = modes.add_parser("envs", help="the raw env rate of each engine (env.engine), no policy")
+    engines.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    engines.add_argument("--ids", nargs="+", default=list(ENV_IDS), help="ids (Atari's: env=pong's preprocessing)")
+    engines.add_argument("--num-envs", type=int, default=16, help="envs a process steps together")
+    engines.add_argument("--threads", type=int, default=1, help="each process's engine threads (C++ engines)")
+    engines.add_argument("--processes", type=int, default=1, help="processes measured at once")
+    engines.add_argument("--seconds", type=float, default=5.0)
+    engines.add_argument("--rounds", type=int, default=3)
+    engines.set_defaults(overrides=[])  # none: the ids and engines are the options
     return top
 
 
 def parse_args(argv: list) -> argparse.Namespace:
-    if not argv or argv[0] not in ("train", "scaling", "pipeline", "-h", "--help"):
+    if not argv or argv[0] not in ("train", "scaling", "pipeline", "envs", "-h", "--help"):
         argv = ["train", *argv]  # train is the default mode: `throughput.py backend=poly` as before modes
     # Hydra overrides (key=value) may stand anywhere: argparse alone would read `experiment=cartpole`
     # after `--envs 4 64` as a third env count and refuse it.
@@ -366,7 +417,7 @@ def parse_args(argv: list) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args(sys.argv[1:])
-    dict(train=train_mode, scaling=scaling_mode, pipeline=pipeline_mode)[args.mode](args)
+    dict(train=train_mode, scaling=scaling_mode, pipeline=pipeline_mode, envs=envs_mode)[args.mode](args)
 
 
 if __name__ == "__main__":

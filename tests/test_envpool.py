@@ -29,6 +29,8 @@ from torchbeast_hydra.env.settings import AtariEnvConfig, Engine, EnvConfig
 from torchbeast_hydra.env.vector import Environments
 from torchbeast_hydra.errors import ConfigError
 
+from helpers import SMALL, rows, run_cli
+
 needs_envpool = pytest.mark.skipif(not pool.installed(), reason='EnvPool is not installed (pip install ".[envpool]")')
 
 
@@ -73,9 +75,9 @@ def test_the_native_engine_named_where_it_cannot_reproduce_the_config_is_refused
 @pytest.mark.parametrize(
     "cfg, engine",
     [
-        (AtariEnvConfig(id="ALE/Pong-v5"), Engine.envpool),
-        (AtariEnvConfig(id="ALE/Breakout-v5"), Engine.envpool),  # FIRE after a lost life: pressed here too
-        (AtariEnvConfig(id="ALE/Pong-v5", noop_max=0), Engine.native),  # EnvPool always presses a no-op
+        (AtariEnvConfig(id="ALE/Pong-v5"), Engine.native),  # ale-py's vector env: faster a core here
+        (AtariEnvConfig(id="ALE/Breakout-v5"), Engine.envpool),  # FIRE after a lost life: not native, EnvPool
+        (AtariEnvConfig(id="ALE/Breakout-v5", noop_max=0), Engine.gymnasium),  # EnvPool always presses a no-op
         (AtariEnvConfig(id="ALE/Pong-v5", make_kwargs={"mode": 1}), Engine.gymnasium),
         (EnvConfig(id="HalfCheetah-v5"), Engine.envpool),
         (EnvConfig(id="Hopper-v4", make_kwargs={"reset_noise_scale": 0.0}), Engine.envpool),
@@ -83,7 +85,7 @@ def test_the_native_engine_named_where_it_cannot_reproduce_the_config_is_refused
         (EnvConfig(id="CartPole-v1"), Engine.gymnasium),
     ],
 )
-def test_auto_picks_envpool_where_it_reproduces_the_config(cfg, engine):
+def test_auto_picks_the_fastest_engine_that_reproduces_the_config(cfg, engine):
     assert engines.engine_of(cfg) is engine
     maker = engines.envs_maker(cfg)
     makers = {Engine.envpool: pool.EnvPoolEnvs, Engine.native: AtariVectorEnvs, Engine.gymnasium: GymnasiumEnvs}
@@ -243,10 +245,20 @@ def test_nonfinite_box_actions_are_refused():
 
 @needs_envpool
 def test_evaluations_play_on_envpool_where_it_trains_and_videos_on_gymnasium():
-    cfg = AtariEnvConfig(id="ALE/Pong-v5")
+    cfg = AtariEnvConfig(id="ALE/Breakout-v5")  # auto: EnvPool
     envs = engines.evaluation_envs(cfg, 1, seed=0)
     assert isinstance(envs, pool.EnvPoolEnvironments)
     envs.close()
     assert isinstance(engines.evaluation_envs(cfg, 1, 0, render_mode="rgb_array"), Environments)
     cfg.engine = Engine.gymnasium
     assert isinstance(engines.evaluation_envs(cfg, 1, 0), Environments)
+    pong = AtariEnvConfig(id="ALE/Pong-v5")  # auto: ale-py's vector env, which cannot restart an env
+    assert isinstance(engines.evaluation_envs(pong, 1, 0), Environments)
+
+
+@needs_envpool
+@pytest.mark.parametrize("backend", ["backend=mono", "backend=poly"])  # poly's clients over shared memory
+def test_a_breakout_run_steps_envpool_in_the_acting_processes(tmp_path, backend):
+    run_dir = tmp_path / "run"
+    run_cli(run_dir, backend, "env=breakout", "env.engine=envpool", "total_steps=256", *SMALL, timeout=300)
+    assert int(rows(run_dir)[-1]["step"]) >= 256

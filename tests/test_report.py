@@ -97,8 +97,9 @@ def test_report_writes_curves_tables_and_aggregates_with_the_right_numbers(sweep
     assert "last 100 training episodes at 1,000,000 steps" in text
     # A reference, its measure, env, budget and source, and whether it compares.
     assert (
-        "- Cleanba IMPALA: 19.1, measured otherwise (see its notes), on envpool Pong-v5, at 50,000,000 steps; "
-        "not comparable with these runs" in text
+        "- Cleanba IMPALA: 19.1, measured otherwise (Cleanba's 57-game table: sticky actions 0.25 and the full "
+        "action space, which episodes it averages not read here), on envpool Pong-v5, at 50,000,000 steps; "
+        "shown, not compared" in text
     )
     assert "- human: 14.6, a human's score; an anchor" in text
     assert "logger." not in text and "checkpoint_interval_s" not in text
@@ -174,6 +175,10 @@ def test_a_run_stopped_by_its_evaluation_target_is_finished_and_of_the_same_sett
     # Seed 2 met its target (9 >= 8): complete. Seeds 1 (no target) and 3 (10 never met) stopped short.
     assert "Unfinished, their last score standing in for the final one: 1 at 2,000 of 3,000, 3 at 2,000" in text
     assert "| all runs | 3 (2 unfinished) |" in text  # when to stop makes no setting of its own
+    # The peers' measure of the run complete at its target is read where it stopped; the others are short.
+    per_run = pd.read_csv(written["runs_csv"], dtype={"run": str}).set_index("run")
+    assert per_run.loc["2", "peer_step"] == 2000 and per_run.loc["2", "peer"] == 2.0
+    assert per_run.loc[["1", "3"], "peer"].isna().all()
 
 
 def test_normalisation_reads_the_data_file(sweep, tmp_path):
@@ -239,9 +244,11 @@ def test_the_packaged_baselines_say_where_each_number_was_read():
         cleanrl = baselines[task].normaliser()
         assert (baselines[task].why_not_comparable(cleanrl, task) is None) == comparable, task
     # The classic suite's tasks have a random score and a reference: the report gives them an IQM.
-    for task, score in [("CartPole-v1", 490.04), ("Acrobot-v1", -86.36)]:
-        assert baselines[task].random["score"] < score == baselines[task].normaliser()["score"]
+    # Normalised by the solved level (a bound: any budget), CleanRL's 500k-step figure beside it.
+    for task, solved, cleanrl in [("CartPole-v1", 475.0, 490.04), ("Acrobot-v1", -100.0, -86.36)]:
+        assert baselines[task].random["score"] < solved == baselines[task].normaliser()["score"]
         assert baselines[task].peer_budget() == 500_000
+        assert {r["name"]: r["score"] for r in baselines[task].references}["CleanRL PPO"] == cleanrl
     assert baselines["MountainCar-v0"].normaliser()["name"] == "solved"
 
 
@@ -374,6 +381,7 @@ def test_the_peers_measure_is_the_last_100_training_episodes_by_the_budget():
 
 
 def test_few_seeds_get_their_range_and_five_an_interval():
+    assert measures.spread([2.0], reps=500, seed=0) == (2.0, 2.0, 2.0, "one seed")
     three = measures.spread([1.0, 5.0, 3.0], reps=500, seed=0)
     assert three == (3.0, 1.0, 5.0, "range")
     five = measures.spread([1.0, 2.0, 3.0, 4.0, 5.0], reps=2000, seed=0)
@@ -407,3 +415,53 @@ def test_a_peer_reference_is_compared_on_its_measure_only_where_the_env_matches(
     assert (
         tasks.loc["HalfCheetah-v5", "peer"] == pytest.approx(1.5) and tasks.loc["HalfCheetah-v5", "spread"] == "range"
     )
+    per_run = pd.read_csv(written["runs_csv"], dtype={"run": str}).set_index("run")
+    assert per_run["peer"].to_dict() == {"0": 1.0, "1": 2.0, "2": 1.0, "3": 2.0}  # each run's, beside its final
+    assert (per_run["peer_step"] == 3000).all() and (per_run["peer_episodes"] == 3).all()
+    assert "| 0 | 1 | 0.00 | 1.00 (3 episodes, at step 3,000) |" in text
+
+
+def test_a_seed_short_of_the_budget_is_counted_and_keeps_the_task_out_of_the_aggregate(tmp_path):
+    """Censoring: a run that never reached the reference's budget has no peers' figure; the table says
+    how many seeds reached it, and the task is not normalised on a subset of its seeds."""
+    sweep = tmp_path / "sweep"
+    for seed in (1, 2):
+        write_job(sweep / str(seed), "mujoco", "HalfCheetah-v5", seed, [0.0, 0.0, 0.0])
+    short = sweep / "3"
+    write_run(
+        short,
+        ["env=mujoco", "seed=3"],
+        3,
+        [(1000, [3.0], 0.5), (2000, [3.0], 0.5)],
+        config=dict(env=dict(id="HalfCheetah-v5")),
+        choices=dict(env="mujoco"),
+        steps_per_s=100.0,
+    )
+    data = yaml.safe_load(report.BASELINES.read_text())
+    (cleanrl,) = [r for r in data["HalfCheetah-v5"]["references"] if r["name"] == "CleanRL PPO"]
+    cleanrl.update(steps=2500)
+    path = tmp_path / "baselines.yaml"
+    path.write_text(yaml.safe_dump(data))
+    written = report.write_report([sweep], tmp_path / "out", report.Options(baselines=path, metric="train", reps=200))
+    tasks = pd.read_csv(written["tasks_csv"]).set_index("task")
+    assert tasks.loc["HalfCheetah-v5", "peer_seeds"] == 2 and tasks.loc["HalfCheetah-v5", "peer"] == pytest.approx(1.5)
+    text = written["report"].read_text()
+    assert "1.50 (range 1.00 to 2.00) (2/3 seeds reached the budget)" in text
+    assert "HalfCheetah-v5 (1 of 3 runs short of CleanRL PPO's budget, 2,500 steps: not comparable)" in text
+    assert "No task has both a random score and a comparable reference" in text
+
+
+def test_runs_meant_to_stop_before_the_references_budget_get_the_peers_measure_at_their_own(tmp_path):
+    """A 3,000-step suite beside CleanRL's 1M-step figure: each run's last 100 training episodes at
+    its own total_steps are shown, and not set against the 1M-step figure."""
+    sweep = tmp_path / "sweep"
+    for seed in (1, 2):
+        write_job(sweep / str(seed), "mujoco", "HalfCheetah-v5", seed, [0.0, 0.0, 0.0], config=dict(total_steps=3000))
+    written = report.write_report([sweep], tmp_path / "out", report.Options(reps=200))
+    tasks = pd.read_csv(written["tasks_csv"]).set_index("task")
+    assert (
+        tasks.loc["HalfCheetah-v5", "peer"] == pytest.approx(1.5) and tasks.loc["HalfCheetah-v5", "peer_budget"] == 3000
+    )
+    text = written["report"].read_text()
+    assert "last 100 training episodes at 3,000 steps" in text
+    assert "HalfCheetah-v5 (2 of 2 runs short of CleanRL PPO's budget, 1,000,000 steps: not comparable)" in text

@@ -3,7 +3,8 @@
 # repo root of a GPU machine with PyTorch (about 7 minutes on 16 cores): mono and poly with 8 and 15
 # actor processes (poly's server in backend.server_shards=0's processes: one per 4 cores), poly at 15
 # with its server in the learner's one process (server_shards=1), and poly at 15 with central
-# inference's cap raised from 64 envs a batch to 256.
+# inference's cap raised from 64 envs a batch to 256; first the raw env rate of each engine
+# (env.engine) on every core, a process a core (~30 s).
 # Wheels in .whl/ (scripts/gpu/wheels.sh, for a machine with no package index) are installed first.
 #   scripts/gpu/figures.sh                        # writes $OUT/figures.txt (default benchmarks/results/gpu)
 #   ACTORS="2" SECONDS_EACH=10 scripts/gpu/figures.sh   # a quick try, on any machine
@@ -32,6 +33,9 @@ measure() {  # a title, then the throughput benchmark's arguments
   shift
   python3 benchmarks/throughput.py train --warmup "$WARMUP" --seconds "$SECONDS_EACH" "$@" logger.wandb.mode=disabled 2>&1 | tee -a "$log"
 }
+echo -e "\n== raw env rate, Pong, a process a core" | tee -a "$log"
+python3 benchmarks/throughput.py envs --ids ALE/Pong-v5 --processes "$(nproc)" --seconds 3 --rounds 1 2>&1 \
+  | grep -v "A.L.E\|Stella" | tee -a "$log"
 for actors in $ACTORS; do
   measure "$actors actors" --backends mono poly "backend.num_actors=$actors"
 done

@@ -6,9 +6,11 @@ evaluations alike: every engine gives envs.Environments' outputs and semantics.
   after a lost life.
 - envpool (env/pool.py): EnvPool's C++ envs; Atari (all games) and MuJoCo, when installed.
 
-auto takes the first of AUTO_ORDER that reproduces the config, the fastest first (docs/performance.md
-has the raw rates: `python benchmarks/throughput.py envs`). A named engine that cannot reproduce the
-config is refused with the reason.
+auto takes the first of AUTO_ORDER that reproduces the config, the fastest a core first: on the
+2-core box (`python benchmarks/throughput.py envs`, docs/performance.md) ale-py's vector env stepped
+Pong ~10% faster a core than EnvPool (EnvPool's caller waits on its worker thread), and EnvPool
+stepped Breakout (which the native env cannot run) and MuJoCo 1.3-1.6x as fast as gymnasium.
+A named engine that cannot reproduce the config is refused with the reason.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from torchbeast_hydra.env.settings import Engine, EnvConfig
 from torchbeast_hydra.env.vector import Environments
 from torchbeast_hydra.errors import ConfigError
 
-AUTO_ORDER = (Engine.envpool, Engine.native, Engine.gymnasium)
+AUTO_ORDER = (Engine.native, Engine.envpool, Engine.gymnasium)
 
 _MAKERS = {
     Engine.gymnasium: lambda cfg, threads: native.GymnasiumEnvs(cfg),

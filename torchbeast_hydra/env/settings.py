@@ -16,7 +16,7 @@ from torchbeast_hydra.errors import require
 class Engine(enum.Enum):
     """What steps the envs of mono's actors, poly's clients and evaluations (env/engines.py)."""
 
-    auto = "auto"  # the fastest of the engines below that reproduces this env config here
+    auto = "auto"  # the fastest engine a core that reproduces this env config: native, envpool, gymnasium
     gymnasium = "gymnasium"  # gymnasium envs and wrappers in Python (env/vector.py): any id
     native = "native"  # ale-py's C++ AtariVectorEnv (env/native.py): Atari ids
     envpool = "envpool"  # EnvPool's C++ envs (env/pool.py): Atari and MuJoCo ids; pip install ".[envpool]"
@@ -35,9 +35,9 @@ class EnvConfig:
     # (MiniGrid: leaves out `mission`, a string), [glyphs, blstats], [inner/0]; a Dict key keeps all
     # below it. null: every leaf; a leaf that is not an array (gymnasium's Text) is then refused.
     obs_keys: Optional[List[str]] = None
-    # What steps the envs (env/engines.py): auto picks EnvPool where it is installed and reproduces
-    # the config (Atari, MuJoCo), else ale-py's native vector env (Atari), else gymnasium. Naming an
-    # engine that cannot reproduce the config is refused, with the reason.
+    # What steps the envs (env/engines.py): auto picks ale-py's native vector env where it reproduces
+    # the config (Atari), else EnvPool where it is installed and does (Atari, MuJoCo), else gymnasium.
+    # Naming an engine that cannot reproduce the config is refused, with the reason.
     engine: Engine = Engine.auto
 
 

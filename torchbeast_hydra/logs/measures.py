@@ -24,7 +24,7 @@ MEASURES = {
     "train_last_100": "the mean of the last 100 training episodes (sampled actions) at the budget, per run",
     "bound": "a bound of the task (its maximum, or the level at which it counts as solved)",
     "human": "a human's score",
-    "other": "measured otherwise (see its notes)",
+    "other": "measured otherwise",
 }
 ANCHORS = ("bound", "human")  # not runs of an algorithm: they compare with any measure of ours
 PEER_WINDOW = 100
@@ -74,7 +74,7 @@ def why_not_comparable(reference: dict, task: str, same_dynamics=()) -> Optional
     if measure in ANCHORS:
         return None
     if measure == "other":
-        return "measured otherwise (see the notes)"
+        return f"measured otherwise ({reference.get('how') or 'see its source'})"
     env = reference.get("env") or task
     if env != task and not (env in same_dynamics and task in same_dynamics):
         return f"measured on {env}, these runs are on {task} (another version: rewards or dynamics differ)"
@@ -83,7 +83,7 @@ def why_not_comparable(reference: dict, task: str, same_dynamics=()) -> Optional
 
 class Spread(NamedTuple):
     """The mean over seeds and its spread: a percentile bootstrap interval (`kind` "95% interval")
-    with MIN_SEEDS_FOR_INTERVAL seeds or more, else the seeds' range ("range")."""
+    with MIN_SEEDS_FOR_INTERVAL seeds or more, else the seeds' range ("range"); "one seed": none."""
 
     point: float
     low: float
@@ -95,6 +95,8 @@ def spread(values, reps: int, seed: int, confidence: float = scores.CONFIDENCE) 
     values = np.asarray([v for v in values if not np.isnan(v)], dtype=float)
     if not len(values):
         return Spread(np.nan, np.nan, np.nan, "")
+    if len(values) == 1:
+        return Spread(float(values[0]), float(values[0]), float(values[0]), "one seed")
     if len(values) < MIN_SEEDS_FOR_INTERVAL:
         return Spread(float(values.mean()), float(values.min()), float(values.max()), "range")
     interval = scores.bootstrap_interval({"runs": values}, scores.AGGREGATES["mean"], reps, confidence, seed)

@@ -231,9 +231,11 @@ def summarise(run: Run, metric: str, target: Optional[float], budget: Optional[f
     steps, values = curve(run, metric)
     total_steps = run.config.get("total_steps")
     budget = budget if budget is not None else total_steps
+    last_step = float(run.train["step"].max())
+    if budget and met_stop_target(run):  # complete where its evaluations met the target: read it there
+        budget = min(budget, last_step)
     peer = measures.last_episodes_mean(run.train, budget) if budget else None
     wall = float(run.train["time_s"].max()) if "time_s" in run.train and run.train["time_s"].notna().any() else np.nan
-    last_step = float(run.train["step"].max())
     reached = np.nonzero(values >= target)[0] if target is not None and len(values) else []
     pooled, episodes = _final_pool(run) if metric == "eval" else (0, 0)
     return dict(
@@ -318,8 +320,8 @@ def normalised_scores(per_run: pd.DataFrame, baselines: dict) -> tuple:
             left_out.append(f"{task} ({reference['name']}: {why_not}; not comparable)")
             continue
         column = "peer" if measures.measure_of(reference) == "train_last_100" else "final"
-        if column == "peer" and part["peer"].isna().any():
-            short = len(part) - int(part["peer"].notna().sum())
+        if column == "peer" and not (part["peer"].notna() & (part["peer_budget"] == reference["steps"])).all():
+            short = int((part["peer"].isna() | (part["peer_budget"] != reference["steps"])).sum())
             left_out.append(
                 f"{task} ({short} of {len(part)} runs short of {reference['name']}'s budget, "
                 f"{_steps(reference['steps'])} steps: not comparable)"
@@ -501,7 +503,7 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
         raise FileNotFoundError(f"no run has {NO_SCORE[metric]}" + (": use --metric train" if metric == "eval" else ""))
     baselines = load_baselines(options.baselines)
     per_run = pd.DataFrame(
-        [summarise(r, metric, _target(options.targets, r.task), _peer_budget(baselines.get(r.task))) for r in loaded]
+        [summarise(r, metric, _target(options.targets, r.task), _peer_budget(baselines.get(r.task), r)) for r in loaded]
     )
     table = task_table(per_run, options.reps, options.seed)
     normalised, used, left_out = normalised_scores(per_run, baselines)
@@ -525,12 +527,26 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
     )
     written["tasks_csv"] = out_dir / "tasks.csv"
     table.to_csv(written["tasks_csv"], index=False)
+    written["runs_csv"] = out_dir / "runs.csv"  # each run's figures: our evaluation and the peers' measure
+    per_run.to_csv(written["runs_csv"], index=False)
     written["aggregates_csv"] = out_dir / "aggregates.csv"
     aggregates.to_csv(written["aggregates_csv"], index=False)
     short = per_run[per_run["unfinished"]].itertuples(index=False)
     unfinished = [f"{r.run} at {_steps(r.steps)} of {_steps(r.total_steps)}" for r in short]
     markdown = render_markdown(
-        paths, loaded, metric, missing, table, aggregates, used, left_out, baselines, options, written, unfinished
+        paths,
+        loaded,
+        metric,
+        missing,
+        table,
+        aggregates,
+        used,
+        left_out,
+        baselines,
+        options,
+        written,
+        unfinished,
+        per_run,
     )
     written["report"] = out_dir / "report.md"
     written["report"].write_text(markdown)
@@ -558,8 +574,14 @@ def keep_runs(loaded: list, kept: Path) -> Path:
     return kept
 
 
-def _peer_budget(baseline: Optional[Baseline]) -> Optional[float]:
-    return baseline.peer_budget() if baseline is not None else None
+def _peer_budget(baseline: Optional[Baseline], run: Run) -> Optional[float]:
+    """Where a run's peers' measure is read: at its task's reference's budget when the run was meant
+    to reach it (its total_steps), else at its own total_steps (and then not compared)."""
+    budget = baseline.peer_budget() if baseline is not None else None
+    total_steps = run.config.get("total_steps")
+    if budget is None or (isinstance(total_steps, (int, float)) and total_steps < budget):
+        return total_steps
+    return budget
 
 
 def _target(targets: dict, task: str) -> Optional[float]:
@@ -576,9 +598,22 @@ def _file_name(task: str) -> str:
 
 
 def render_markdown(
-    paths, loaded, metric, missing, table, aggregates, used, left_out, baselines, options, written, unfinished=()
+    paths,
+    loaded,
+    metric,
+    missing,
+    table,
+    aggregates,
+    used,
+    left_out,
+    baselines,
+    options,
+    written,
+    unfinished=(),
+    per_run: Optional[pd.DataFrame] = None,
 ) -> str:
-    """unfinished: `RUN at STEPS of TOTAL` for each run short of its total_steps."""
+    """unfinished: `RUN at STEPS of TOTAL` for each run short of its total_steps; per_run: summarise's
+    rows, for each run's figures."""
     what = (
         "evaluation return (eval.csv's mean_return; the last evaluation is the final score)"
         if metric == "eval"
@@ -628,12 +663,15 @@ def render_markdown(
         "Per task, final, best and the peers' measure: the mean over seeds [interval] or (range); steps to "
         "target: the median over the seeds that reached it, how many did, and the best the others reached; "
         "training time: logs.csv's time_s (across resumes); steps/s: steps / training time.",
-        "Curves: each seed thin, the mean over seeds bold with its 95% band; a seed that stopped at its evaluation "
+        "Curves: each seed thin, the mean over seeds bold with its 95% bootstrap band (with fewer than "
+        f"{measures.MIN_SEEDS_FOR_INTERVAL} seeds, close to the seeds' range); a seed that stopped at its evaluation "
         "target holds its last score in the mean.",
     ]
     for task in tasks(loaded):
         lines += ["", f"## {task}", "", f"![{task}]({written[f'curve:{task}'].name})", ""]
         lines += _task_markdown(table[table["task"] == task], _target(options.targets, task), metric)
+        if per_run is not None:
+            lines += _runs_markdown(per_run[per_run["task"] == task], metric)
         lines += _references_markdown(baselines.get(task), task)
     lines += ["", "## Across tasks (normalised final scores)", ""]
     lines += _aggregate_markdown(aggregates, used, left_out, written)
@@ -699,8 +737,24 @@ def _task_markdown(rows: pd.DataFrame, target: Optional[float], metric: str) -> 
     return lines
 
 
+def _runs_markdown(rows: pd.DataFrame, metric: str) -> list:
+    """Each run's final score beside the peers' measure, with the episodes and the step it was read at."""
+    ours = "evaluation" if metric == "eval" else "training, last 100"
+    lines = ["", f"| run | seed | final ({ours}) | last 100 training episodes |", "|---|---|---|---|"]
+    for row in rows.itertuples(index=False):
+        if np.isnan(row.peer):
+            peer = f"- (short of {_steps(row.peer_budget)} steps)" if not np.isnan(row.peer_budget) else "-"
+        else:
+            peer = f"{_number(row.peer)} ({row.peer_episodes} episodes, at step {_steps(row.peer_step)})"
+        seed = "-" if row.seed is None or (isinstance(row.seed, float) and np.isnan(row.seed)) else int(row.seed)
+        lines.append(f"| {row.run} | {seed} | {_number(row.final)} | {peer} |")
+    return lines
+
+
 def _spread(point: float, low: float, high: float, kind: str) -> str:
     """'1,853 (range 1,133 to 2,224)' for few seeds, '1,853 [1,133, 2,224]' for an interval."""
+    if kind == "one seed":
+        return _number(point)
     if kind == "range" and not np.isnan(point):
         return f"{_number(point)} (range {_number(low)} to {_number(high)})"
     return _with_interval(point, low, high)
@@ -723,7 +777,10 @@ def _references_markdown(baseline: Optional[Baseline], task: str) -> list:
         if reference.get("seeds"):
             facts.append(f"{reference['seeds']} seeds")
         why_not = baseline.why_not_comparable(reference, task)
-        if why_not is not None:
+        if measure == "other":
+            facts[0] = why_not  # what it is: how it was measured
+            verdict = "shown, not compared"
+        elif why_not is not None:
             verdict = f"not comparable with these runs: {why_not}"
         elif measure == "train_last_100":
             verdict = "compared with the runs' last 100 training episodes at its budget"
@@ -740,7 +797,7 @@ def _references_markdown(baseline: Optional[Baseline], task: str) -> list:
 
 def _aggregate_markdown(aggregates: pd.DataFrame, used: dict, left_out: list, written: dict) -> list:
     if aggregates.empty:
-        return ["No task has both a random score and a reference to normalise by (baselines.yaml)."] + (
+        return ["No task has both a random score and a comparable reference to normalise by (baselines.yaml)."] + (
             [f"Left out: {', '.join(left_out)}."] if left_out else []
         )
     by = "; ".join(f"{task} by {b.normalise_by} ({_normalised_measure(b)})" for task, b in sorted(used.items()))
