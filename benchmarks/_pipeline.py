@@ -68,7 +68,10 @@ def trivial_policy(num_actions: int):
     def policy(inputs: dict) -> dict:
         n = inputs["frame"].shape[0]
         return dict(
-            action=torch.zeros(n, dtype=torch.int64), policy_logits=torch.zeros(n, num_actions), baseline=torch.zeros(n)
+            action=torch.zeros(n, dtype=torch.int64),
+            policy_logits=torch.zeros(n, num_actions),
+            baseline=torch.zeros(n),
+            policy_version=torch.zeros(n, dtype=torch.int64),  # the rollout layout's: the acting weights' version
         )
 
     return policy

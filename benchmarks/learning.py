@@ -1,7 +1,7 @@
 """Learning: does the default command solve the task, on each backend, and how fast?
 
 Each task is a benchmark suite, run as one Hydra multirun (backends x seeds, any launcher, each job
-resumable in its dir) and read back by the report command (torchbeast_hydra/logs/report.py):
+resumable in its dir) and read back by the report command (torchbeast_hydra/analysis/report.py):
 
     python benchmarks/learning.py cartpole                     # experiment=cartpole, seeds 1 2 3, mono and poly
     python benchmarks/learning.py pong --backends mono --seeds 1 2 3 4 5
@@ -13,7 +13,7 @@ resumable in its dir) and read back by the report command (torchbeast_hydra/logs
 It prints the multirun command it launches, so the sweep can be resumed (the same command again) or
 extended by hand, then writes the report (per-task curves with bootstrap bands, tables with steps
 to the task's target, aggregate scores normalised by the published baselines of
-torchbeast_hydra/logs/baselines.yaml) into SWEEP_DIR/report.
+torchbeast_hydra/analysis/baselines.yaml) into SWEEP_DIR/report.
 
 Targets: Pong +18 (mean over the last 100 whole games; evaluation return where the runs evaluate),
 CartPole 475, InvertedPendulum 950, MuJoCo CleanRL's PPO at 1M steps (HalfCheetah 1,443, Hopper
@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchbeast_hydra.logs import report
+from torchbeast_hydra.analysis import report
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from nbclient import NotebookClient
 
-from torchbeast_hydra import analysis
-from torchbeast_hydra.logs import plots
+from torchbeast_hydra.analysis import figures
+from torchbeast_hydra.analysis import runs as analysis
 
 from helpers import assert_real_image, csv_dicts, run_command, sweep_job_dir, write_run
 
@@ -162,7 +162,7 @@ def test_latest_runs_dir_is_the_newest_run_or_sweep(synthetic_sweep, tmp_path):
 
 
 def test_plot_all_writes_images_and_table(synthetic_sweep, tmp_path):
-    paths = plots.plot_all(analysis.load_runs(synthetic_sweep), tmp_path / "plots", last_n=2)
+    paths = figures.plot_all(analysis.load_runs(synthetic_sweep), tmp_path / "plots", last_n=2)
     assert sorted(p.name for p in paths.values()) == sorted([*PNGS, "final_returns.csv"])
     for name in PNGS:
         assert_real_image(tmp_path / "plots" / name)

@@ -1,5 +1,5 @@
-"""The two Atari env makers give the agent the same thing for the same env config: envs.Environments
-(gymnasium wrappers: mono actors, evaluation, plain poly clients) and vector_envs'
+"""The two Atari env makers give the agent the same thing for the same env config: env.vector.Environments
+(gymnasium wrappers: mono actors, evaluation, plain poly clients) and env.native's
 AtariVectorEnvironments (ale-py's native AtariVectorEnv: poly clients).
 
 With no-op starts and FIRE on reset off and no sticky actions both are deterministic ALE emulation,

@@ -107,6 +107,18 @@ def test_a_checkpoint_saved_before_the_move_loads_and_acts():
     assert len(returns) == 2 and all(length >= 8 for length in lengths)
 
 
+def test_the_bodies_old_paths_build_through_the_alias_table_without_their_shims():
+    """The shims of 0.1 are gone; their targets (in old checkpoints and run dirs) map to today's."""
+    from torchbeast_hydra.agent import encoders, models
+
+    package = Path(models.__file__).parents[1]
+    assert not any((package / shim).exists() for shim in ("models.py", "encoders.py", "learner.py"))
+    assert models.current_target("torchbeast_hydra.models.AtariNetBody") == "torchbeast_hydra.agent.models.AtariNetBody"
+    assert models.current_target("torchbeast_hydra.encoders.MultiBody") == "torchbeast_hydra.agent.encoders.MultiBody"
+    assert models.current_target("my_pkg.models.MyBody") == "my_pkg.models.MyBody"  # yours stay yours
+    assert hasattr(models, "AtariNetBody") and hasattr(encoders, "MultiBody")
+
+
 def test_a_trained_policy_loads_from_a_run_dir_and_acts(tmp_path):
     from torchbeast_hydra.evaluation.policy import load_policy
 

@@ -8,8 +8,9 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from torchbeast_hydra.__main__ import CONFIG_DIR
-from torchbeast_hydra.config import check_overrides, validate
+from torchbeast_hydra.config import validate
 from torchbeast_hydra.errors import ConfigError
+from torchbeast_hydra.overrides import check_overrides
 
 from helpers import TINY, compose_config, run_cli
 
@@ -142,13 +143,24 @@ def test_cli_refuses_a_key_added_with_plus_before_starting(tmp_path):
     assert not (tmp_path / "run" / "logs.csv").exists()
 
 
-# -- overrides checked before Hydra composes (config.check_overrides) ------------------------------
+# -- overrides checked before Hydra composes (overrides.check_overrides) ------------------------------
 
 
 def refusal(*argv):
     with pytest.raises(ConfigError) as error:
         check_overrides(list(argv), CONFIG_DIR)
     return str(error.value)
+
+
+def test_a_value_of_the_wrong_type_is_refused_in_one_line_before_hydra_composes(tmp_path):
+    assert refusal("total_steps=abc").startswith("total_steps=abc: Value 'abc'")
+    assert "give batch_size a value of its type" in refusal("-m", "batch_size=4,big")  # each value of a sweep
+    assert "model.use_lstm=maybe" in refusal("model.use_lstm=maybe")
+    check_overrides(["total_steps=5000", "env.make_kwargs={a: 1}", "eval.stop_at_return=null"], CONFIG_DIR)
+    result = run_cli(tmp_path / "run", *TINY, "total_steps=abc", check=False, timeout=120)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "error: total_steps=abc: " in output, output
+    assert "HYDRA_FULL_ERROR" not in output
 
 
 def test_a_misspelt_key_without_plus_gets_the_nearest_name_not_hydras_append_hint():

@@ -73,7 +73,7 @@ def test_wheel_installs_anywhere_and_trains(tmp_path):
         "torchbeast_hydra/conf/experiment/cartpole.yaml",
         "torchbeast_hydra/conf/hydra/launcher/slurm.yaml",
         "torchbeast_hydra/backends/poly/actorpool.proto",
-        "torchbeast_hydra/logs/baselines.yaml",
+        "torchbeast_hydra/analysis/baselines.yaml",
         "torchbeast_hydra/env/families.py",
         "hydra_plugins/torchbeast_hydra_slurm/launcher.py",
     ):

@@ -234,3 +234,33 @@ def test_mlp_activation_is_chosen_by_name_and_a_wrong_name_is_refused():
     ]
     with pytest.raises(ConfigError, match="model.activation='gelu' is not one of relu, tanh"):
         make_model(MLPConfig(activation="gelu"), spec)
+
+
+SCHEMAS = ("AtariNetConfig", "ResNetConfig", "MLPConfig", "MultiConfig", "NetHackConfig")
+
+
+@pytest.mark.parametrize("schema_name", SCHEMAS)
+def test_each_bodys_constructor_defaults_are_its_settings_defaults(schema_name):
+    """A default lives in agent/settings.py and again in the body's signature (for use without the
+    config): the two must agree, and every field of the schema beyond ModelConfig's must be one of
+    the body's parameters."""
+    import dataclasses
+    import inspect
+
+    import hydra
+
+    from torchbeast_hydra.agent import settings
+
+    schema = getattr(settings, schema_name)
+    body = hydra.utils.get_class(schema._target_)
+    parameters = inspect.signature(body.__init__).parameters
+    core = {f.name for f in dataclasses.fields(settings.ModelConfig)}
+    own = [f for f in dataclasses.fields(schema) if f.name not in core]
+    assert own, schema_name
+    for f in own:
+        assert f.name in parameters, f"{schema_name}.{f.name} is no parameter of {body.__name__}"
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        in_body = parameters[f.name].default
+        assert in_body is not inspect.Parameter.empty, f"{body.__name__}({f.name}) has no default"
+        as_list = list(in_body) if isinstance(in_body, (tuple, list)) else in_body
+        assert as_list == default, f"{body.__name__}({f.name}={in_body!r}) but {schema_name}.{f.name}={default!r}"

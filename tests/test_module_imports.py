@@ -25,7 +25,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "torchbeast_hydra"
 LAYERS = ["errors", "env", "agent", "learning", "logs", "run", "evaluation", "backends", "launch", "pbt"]
 # Apart from the data path: the offline analysis reads run dirs; it may import only these.
 APART = {"analysis": {"errors", "logs", "analysis"}}
-TOP = {"config", "__main__", "__init__", ""}  # compose everything below them
+TOP = {"config", "overrides", "__main__", "__init__", ""}  # compose everything below them
 
 
 def imported_modules(path: Path, root: Path = PACKAGE) -> set[str]:

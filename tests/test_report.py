@@ -10,8 +10,8 @@ import pytest
 import yaml
 from matplotlib.figure import Figure
 
+from torchbeast_hydra.analysis import baselines, figures, measures, report, runs, scores, tables
 from torchbeast_hydra.evaluation.evaluate import EVAL_FIGURES
-from torchbeast_hydra.logs import measures, report, runs, scores
 from torchbeast_hydra.logs.sweep_record import is_run_control
 
 from helpers import assert_real_image, run_command, write_run
@@ -66,7 +66,7 @@ def test_report_writes_curves_tables_and_aggregates_with_the_right_numbers(sweep
     tasks = pd.read_csv(written["tasks_csv"]).set_index("task")
     pong, cheetah = tasks.loc["ALE/Pong-v5"], tasks.loc["HalfCheetah-v5"]
     # Logging and output keys make no setting: each task's two seeds are aggregated.
-    assert pong["setting"] == cheetah["setting"] == report.ALL_RUNS and pong["seeds"] == cheetah["seeds"] == 2
+    assert pong["setting"] == cheetah["setting"] == runs.ALL_RUNS and pong["seeds"] == cheetah["seeds"] == 2
     assert pong["final"] == pytest.approx((14.6 - 3.05) / 2)
     # Two seeds: the bootstrap's replicates range from both at the lower to both at the higher.
     assert (pong["final_low"], pong["final_high"]) == (pytest.approx(-3.05), pytest.approx(14.6))
@@ -110,7 +110,7 @@ def test_settings_leave_out_the_seed_and_logging_keys_but_keep_what_was_swept(tm
         overrides = [f"optim.learning_rate={lr}", f"logger.wandb.mode={'auto' if seed == 1 else 'offline'}"]
         config = dict(optim=dict(learning_rate=float(lr)), logger=dict(wandb=dict(mode="auto" if seed == 1 else "x")))
         write_job(tmp_path / str(job), "pong", "ALE/Pong-v5", seed, None, overrides, config)
-    loaded = report.load_runs([tmp_path])
+    loaded = runs.load([tmp_path])
     assert [r.setting for r in loaded] == ["optim.learning_rate=0.001"] * 2 + ["optim.learning_rate=0.002"]
     assert is_run_control("logger.wandb.mode") and is_run_control("hydra.run.dir") and not is_run_control("loggers")
 
@@ -146,7 +146,7 @@ def test_a_job_just_started_is_named_not_drawn_and_a_short_run_stays_on_a_long_g
     # two grid points: the short one is on the grid, and held at its last score when it met its target.
     long_run = (np.arange(1, 301) * 1000.0, np.zeros(300))
     short_run = (np.array([1500.0, 1600.0]), np.array([5.0, 9.0]))
-    grid, matrix = report._on_one_grid([long_run, short_run])
+    grid, matrix = figures.on_one_grid([long_run, short_run])
     assert len(grid) <= 204 and {1500.0, 1600.0} <= set(grid)
     assert np.nanmax(matrix[1]) == 9.0
 
@@ -182,7 +182,7 @@ def test_a_run_stopped_by_its_evaluation_target_is_finished_and_of_the_same_sett
 
 
 def test_normalisation_reads_the_data_file(sweep, tmp_path):
-    data = yaml.safe_load(report.BASELINES.read_text())
+    data = yaml.safe_load(baselines.BASELINES.read_text())
     # Another random score and reference for Pong: finals 14.6 and -3.05 normalise to 1.0 and 3.05 / 20.7...
     data["ALE/Pong-v5"].update(
         random=dict(score=-3.05 * 2, source="test"),
@@ -209,27 +209,27 @@ def test_normalisation_reads_the_data_file(sweep, tmp_path):
 
 
 def test_the_packaged_baselines_say_where_each_number_was_read():
-    baselines = report.load_baselines()
-    assert baselines["PongNoFrameskip-v4"] is baselines["ALE/Pong-v5"]  # aliases
-    pong = baselines["ALE/Pong-v5"]
+    known = baselines.load_baselines()
+    assert known["PongNoFrameskip-v4"] is known["ALE/Pong-v5"]  # aliases
+    pong = known["ALE/Pong-v5"]
     assert pong.random["score"] == -20.7 and pong.normaliser()["score"] == 14.6
-    assert baselines["NetHackScore-v0"].normaliser()["score"] == 971
-    assert {t: baselines[t].normaliser()["score"] for t in ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")} == {
+    assert known["NetHackScore-v0"].normaliser()["score"] == 971
+    assert {t: known[t].normaliser()["score"] for t in ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")} == {
         "HalfCheetah-v5": 1442.64,
         "Hopper-v5": 2382.86,
         "Walker2d-v5": 2287.95,
     }
     # Grid tasks paying at most 1 (a goal reached) are normalised by that bound, one entry for all.
     grid = ("MiniHack-Room-15x15-v0", "MiniHack-Room-Monster-15x15-v0", "MiniGrid-DoorKey-8x8-v0")
-    assert {baselines[t].normaliser()["name"] for t in grid} == {"task maximum"}
-    assert {baselines[t].normaliser()["score"] for t in grid} == {1.0}
-    for task, baseline in baselines.items():
+    assert {known[t].normaliser()["name"] for t in grid} == {"task maximum"}
+    assert {known[t].normaliser()["score"] for t in grid} == {1.0}
+    for task, baseline in known.items():
         assert baseline.random is None or (isinstance(baseline.random["score"], float) and baseline.random["source"])
         for reference in baseline.references:
             assert {"name", "score", "source"} <= set(reference) and reference["source"], task
         if baseline.normalise_by is not None:
             assert baseline.normaliser() is not None, f"{task}: normalise_by names no reference"
-    for task, baseline in baselines.items():
+    for task, baseline in known.items():
         for reference in baseline.references:
             measure = measures.measure_of(reference)  # every reference says how it was measured
             if measure == "train_last_100":
@@ -241,26 +241,26 @@ def test_the_packaged_baselines_say_where_each_number_was_read():
         ("Walker2d-v5", False),
         ("Hopper-v4", True),
     ]:
-        cleanrl = baselines[task].normaliser()
-        assert (baselines[task].why_not_comparable(cleanrl, task) is None) == comparable, task
+        cleanrl = known[task].normaliser()
+        assert (known[task].why_not_comparable(cleanrl, task) is None) == comparable, task
     # The classic suite's tasks have a random score and a reference: the report gives them an IQM.
     # Normalised by the solved level (a bound: any budget), CleanRL's 500k-step figure beside it.
     for task, solved, cleanrl in [("CartPole-v1", 475.0, 490.04), ("Acrobot-v1", -100.0, -86.36)]:
-        assert baselines[task].random["score"] < solved == baselines[task].normaliser()["score"]
-        assert baselines[task].peer_budget() == 500_000
-        assert {r["name"]: r["score"] for r in baselines[task].references}["CleanRL PPO"] == cleanrl
-    assert baselines["MountainCar-v0"].normaliser()["name"] == "solved"
+        assert known[task].random["score"] < solved == known[task].normaliser()["score"]
+        assert known[task].peer_budget() == 500_000
+        assert {r["name"]: r["score"] for r in known[task].references}["CleanRL PPO"] == cleanrl
+    assert known["MountainCar-v0"].normaliser()["name"] == "solved"
 
 
 def test_the_command_writes_the_report(sweep, tmp_path):
-    command = [sys.executable, "-m", "torchbeast_hydra.logs.report", sweep, "--target", "0", "--reps", "200"]
+    command = [sys.executable, "-m", "torchbeast_hydra.analysis.report", sweep, "--target", "0", "--reps", "200"]
     for _ in range(2):  # the second reads the sweep again, not the copies the first kept under it
         result = run_command([*command, "--keep-runs"], timeout=180)
         assert result.returncode == 0, result.stderr
         assert "## HalfCheetah-v5" in result.stdout and f"wrote {sweep / 'report' / 'report.md'}" in result.stdout
         assert "4 runs in" in result.stdout and (sweep / "report" / "runs" / "3" / "logs.csv").exists()
     assert (sweep / "report" / "performance_profile.png").exists()
-    bad = run_command([sys.executable, "-m", "torchbeast_hydra.logs.report", tmp_path / "nothing"], timeout=180)
+    bad = run_command([sys.executable, "-m", "torchbeast_hydra.analysis.report", tmp_path / "nothing"], timeout=180)
     assert bad.returncode == 2 and "is not a directory" in bad.stderr
 
 
@@ -303,15 +303,15 @@ def test_test_mode_evaluations_of_a_sweep_are_read_with_the_runs_they_played(tmp
 
 def test_a_long_setting_is_wrapped_at_its_commas_in_the_legend():
     setting = "model.crop_size=29,model.full_map=False,optim.epochs=2,optim.minibatches=8,total_steps=1000000"
-    lines = report.legend_label(setting).splitlines()
+    lines = figures.legend_label(setting).splitlines()
     assert len(lines) > 1 and all(len(line) <= 56 for line in lines)
     assert " ".join(lines) == setting.replace(",", ", ")
     # A wrapped label goes below the axes (inside, it hid the curves' ends), the figure taller for it.
-    for label, below in ((report.legend_label(setting), True), ("optim.epochs=2", False)):
+    for label, below in ((figures.legend_label(setting), True), ("optim.epochs=2", False)):
         fig = Figure(figsize=(7.2, 4.4), layout="constrained")
         ax = fig.subplots()
         ax.plot([0, 1], [0, 1], label=label)
-        report.place_legend(fig, ax)
+        figures.place_legend(fig, ax)
         assert (len(fig.legends), ax.get_legend() is None, fig.get_figheight() > 4.4) == (below, below, below)
 
 
@@ -319,7 +319,7 @@ def test_evaluations_at_one_step_pool_their_episodes():
     evals = pd.DataFrame(
         dict(step=[100, 200, 200], episodes=[10, 10, 100], mean_return=[0.5, 1.0, 0.9])  # 200: training's, test's
     )
-    pooled = report.pooled_by_step(evals)
+    pooled = tables.pooled_by_step(evals)
     assert list(pooled.index) == [100, 200]
     assert pooled[100] == 0.5 and pooled[200] == pytest.approx((10 * 1.0 + 100 * 0.9) / 110)
 
@@ -330,8 +330,8 @@ def test_a_seed_stopped_at_its_target_holds_its_last_score_in_the_mean(tmp_path)
         for seed, evals in ((1, first_seed_evals), (2, [0.0, 0.0, 0.0])):
             config = dict(total_steps=3000, eval=dict(stop_at_return=8.0))
             write_job(sweep / str(seed), "pong", "ALE/Pong-v5", seed, evals, ["eval.stop_at_return=8.0"], config)
-        runs = sorted(report.load_runs([sweep]), key=lambda r: r.seed)
-        return report.seed_curves(runs, "eval")
+        loaded = sorted(runs.load([sweep]), key=lambda r: r.seed)
+        return figures.seed_curves(loaded, "eval")
 
     grid, each, held = curves(tmp_path / "met", [0.0, 9.0])
     assert list(grid) == STEPS
@@ -357,10 +357,10 @@ def test_a_report_keeps_its_runs_and_is_drawn_again_from_them_alone(sweep, tmp_p
     kept = tmp_path / "out" / "runs"
     with open(kept / "multirun" / "0" / "logs.csv", newline="") as f:
         assert csv.DictReader(f).fieldnames == list(runs.REPORT_COLUMNS)  # the columns read, no more
-    assert "`python -m torchbeast_hydra.logs.report runs --out . --target 1 --reps 200`, run in this dir" in (
+    assert "`python -m torchbeast_hydra.analysis.report runs --out . --target 1 --reps 200`, run in this dir" in (
         first["report"].read_text()
     )
-    assert not (tmp_path / "out" / report.KEPT_BASELINES).exists()  # the package's: nothing to keep
+    assert not (tmp_path / "out" / baselines.KEPT_BASELINES).exists()  # the package's: nothing to keep
     assert not [p for p in kept.rglob("*") if p.is_symlink()]  # no link back to a run: a cycle to site builders
     again = report.write_report([kept], tmp_path / "again", dataclasses.replace(options, keep_runs=False))
     for name in ("tasks_csv", "aggregates_csv"):
@@ -397,7 +397,7 @@ def test_a_peer_reference_is_compared_on_its_measure_only_where_the_env_matches(
         [(o, e, s) for o, e in [("mujoco", "HalfCheetah-v5"), ("mujoco", "Hopper-v5")] for s in (1, 2)]
     ):
         write_job(sweep / str(job), option, env_id, seed, [0.0, 0.0, 0.0])
-    data = yaml.safe_load(report.BASELINES.read_text())
+    data = yaml.safe_load(baselines.BASELINES.read_text())
     for task in ("HalfCheetah-v5", "Hopper-v5"):
         data[task]["random"]["score"] = 0.0
         (cleanrl,) = [r for r in data[task]["references"] if r["name"] == "CleanRL PPO"]
@@ -437,7 +437,7 @@ def test_a_seed_short_of_the_budget_is_counted_and_keeps_the_task_out_of_the_agg
         choices=dict(env="mujoco"),
         steps_per_s=100.0,
     )
-    data = yaml.safe_load(report.BASELINES.read_text())
+    data = yaml.safe_load(baselines.BASELINES.read_text())
     (cleanrl,) = [r for r in data["HalfCheetah-v5"]["references"] if r["name"] == "CleanRL PPO"]
     cleanrl.update(steps=2500)
     path = tmp_path / "baselines.yaml"

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from torchbeast_hydra.logs import scores
+from torchbeast_hydra.analysis import scores
 
 
 def load_rliable():

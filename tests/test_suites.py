@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from torchbeast_hydra.logs import report
+from torchbeast_hydra.analysis import report
 from torchbeast_hydra.logs.metrics import read_rows
 
 from helpers import SMALL, run_sweep

@@ -18,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from torchbeast_hydra.backends import memory, registry
-from torchbeast_hydra.config import Mode, check_overrides, register_configs, validate
+from torchbeast_hydra.config import Mode, register_configs, validate
 from torchbeast_hydra.env import families
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.evaluation.settings import EvalObjective
@@ -26,6 +26,7 @@ from torchbeast_hydra.launch import distributed
 from torchbeast_hydra.launch.jobs import LaunchError, check_launcher_plugin, hand_over, register_resolvers
 from torchbeast_hydra.learning.learner import NonFiniteUpdate
 from torchbeast_hydra.logs.metrics import RecentReturns, read_rows
+from torchbeast_hydra.overrides import check_overrides
 from torchbeast_hydra.run import checkpoint
 from torchbeast_hydra.run.checkpoint import CheckpointError
 from torchbeast_hydra.run.devices import resolve_device

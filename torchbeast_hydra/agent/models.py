@@ -431,7 +431,7 @@ def make_model(cfg, spec: EnvSpec) -> ActorCritic:
     breaks the Body contract raises ConfigError (chained to the cause, whose traceback helps).
     """
     fields = OmegaConf.to_container(OmegaConf.create(cfg) if not OmegaConf.is_config(cfg) else cfg, resolve=True)
-    target = fields.get("_target_")
+    target = current_target(fields.get("_target_"))
     if not target:
         raise ConfigError("model._target_ must name the model's body class, e.g. my_pkg.models.MyBody.")
     body_fields = {key: value for key, value in fields.items() if key not in CORE_FIELDS}
@@ -470,6 +470,22 @@ def _check_body(body, target: str, spec: EnvSpec) -> None:
             f"model {target} returned features {tuple(features.shape)} {features.dtype} for "
             f"2 observations; the Body contract wants float [2, output_size={size}]."
         )
+
+
+# Where the bodies were before the packages moved (0.1's torchbeast_hydra.models.MLPBody, ...):
+# checkpoints and run dirs of those releases name them so, and still build.
+MOVED = {
+    "torchbeast_hydra.models.": "torchbeast_hydra.agent.models.",
+    "torchbeast_hydra.encoders.": "torchbeast_hydra.agent.encoders.",
+}
+
+
+def current_target(target: str | None) -> str | None:
+    """A body's _target_ at today's path (an old path through MOVED; any other as given)."""
+    for old, new in MOVED.items():
+        if target and target.startswith(old):
+            return new + target.removeprefix(old)
+    return target
 
 
 # Checkpoints written before models were named by _target_ named them by model.name.

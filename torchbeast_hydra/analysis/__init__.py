@@ -1,8 +1,16 @@
-"""Moved to torchbeast_hydra.logs (runs.py: the reader of runs and sweeps, plots.py); this path
-keeps notebooks and scripts written before the move working. Remove in 0.3.
+"""analysis: runs on disk -> tables, figures, the report. Offline: it reads run dirs (logs.csv,
+eval.csv, .hydra/) and never the training code.
 
-    from torchbeast_hydra.logs import runs, plots
+runs.py         the one loader: find runs and mode=test dirs, read their config, seed and rows
+                (load -> [Run]; load_runs -> one DataFrame), copy what a report reads (keep_runs)
+scores.py       normalised scores, IQM / median / mean / optimality gap, stratified bootstrap
+baselines.py    published reference scores (baselines.yaml, with sources)
+tables.py       each run's score curve and summary; per-task and across-task tables
+figures.py      the plot command's and the report's figures (PNG, without pyplot)
+formatting.py   how numbers are written
+markdown.py     report.md
+report.py       `python -m torchbeast_hydra.analysis.report PATH...`: the report command
+plot_command.py `python -m torchbeast_hydra.analysis RUNS_DIR` (torchbeast-hydra-plot)
+
+May import: errors, logs.
 """
-
-from torchbeast_hydra.logs import plots, runs  # noqa: F401
-from torchbeast_hydra.logs.runs import *  # noqa: F403

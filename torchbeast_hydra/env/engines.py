@@ -28,6 +28,8 @@ _MAKERS = {
     Engine.envpool: pool.EnvPoolEnvs,
 }
 _REFUSALS = {Engine.gymnasium: lambda cfg: None, Engine.native: native.refusal, Engine.envpool: pool.refusal}
+# auto is stricter with EnvPool: MuJoCo tasks only where it tracks gymnasium (pool.TRACKED_MUJOCO).
+_AUTO_REFUSALS = {**_REFUSALS, Engine.envpool: pool.auto_refusal}
 
 
 def engine_of(cfg: EnvConfig, vector_env: bool = True) -> Engine:
@@ -38,7 +40,7 @@ def engine_of(cfg: EnvConfig, vector_env: bool = True) -> Engine:
     if engine is Engine.auto:
         if not vector_env:
             return Engine.gymnasium
-        return next(e for e in AUTO_ORDER if _REFUSALS[e](cfg) is None)
+        return next(e for e in AUTO_ORDER if _AUTO_REFUSALS[e](cfg) is None)
     reason = _REFUSALS[engine](cfg)
     if reason is not None:
         raise ConfigError(f"env.engine={engine.value}: {reason}. Use env.engine=auto (or gymnasium).")

@@ -1,6 +1,6 @@
 """The rollout layout, declared once: every key a rollout row holds, its per-step shape and dtype.
 
-Env outputs (envs.Environments), mono's shared buffers, the wire format's Step (poly/wire.py) and
+Env outputs (env.vector.Environments), mono's shared buffers, the wire format's Step (poly/wire.py) and
 the learner's batches all derive from `LAYOUT`. A rollout is [T+1, ...] per key; see learner.py
 for what the rows mean.
 

@@ -1,6 +1,6 @@
 """Many Atari envs stepped by ale-py's native AtariVectorEnv (a C++ thread pool), for env clients.
 
-It reproduces envs.Environments for Atari ids: the same preprocessing done natively, from the
+It reproduces env.vector.Environments for Atari ids: the same preprocessing done natively, from the
 same settings (config.atari_settings, through native_kwargs: no-op starts, frame skip with
 max-pooling, grayscale screen_size^2 frames, a stack of frame_stack that starts with copies of a
 game's first frame, FIRE on reset, sticky actions), the same outputs [num_envs, ...] with raw
@@ -35,7 +35,7 @@ def ale_game(env_id: str) -> str:
 
 
 class GymnasiumEnvs:
-    """envs.Environments, a few gymnasium envs stepped in lockstep."""
+    """env.vector.Environments, a few gymnasium envs stepped in lockstep."""
 
     def __init__(self, cfg: EnvConfig):
         self.cfg = cfg

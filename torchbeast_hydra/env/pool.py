@@ -36,6 +36,11 @@ from torchbeast_hydra.env.spaces import EnvSpec, probe_env
 
 FIRE = 1  # ALE's FIRE, the second action of every minimal set that has it (make.FireOnReset presses it)
 NO_LIMIT = 2**31 - 1  # EnvPool's max_episode_steps when the id has no cap
+# MuJoCo tasks whose first steps here agree with gymnasium's within 1e-9 (tests/test_envpool.py):
+# env.engine=auto takes EnvPool for these. Ant, Humanoid and HumanoidStandup step ~5e-8 apart from
+# the first step (contacts in another MuJoCo build), 1e-3 within five; they run on EnvPool only when
+# env.engine=envpool names it.
+TRACKED_MUJOCO = ("HalfCheetah", "Hopper", "Walker2d", "Swimmer", "InvertedPendulum", "InvertedDoublePendulum")
 
 
 def installed() -> bool:
@@ -93,6 +98,14 @@ def refusal(cfg: EnvConfig) -> str | None:
     if probe_env(cfg).single is False:
         return "EnvPool's engine writes one observation array; this env's observation has several leaves"
     return None
+
+
+def auto_refusal(cfg: EnvConfig) -> str | None:
+    """refusal(), and for env.engine=auto MuJoCo tasks beyond TRACKED_MUJOCO too."""
+    reason = refusal(cfg)
+    if reason is None and _is_mujoco(cfg) and pool_id(cfg).split("-")[0] not in TRACKED_MUJOCO:
+        return f"EnvPool's {pool_id(cfg)} steps apart from gymnasium's (another MuJoCo build)"
+    return reason
 
 
 def _default_config(task: str) -> dict:

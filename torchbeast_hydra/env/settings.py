@@ -44,7 +44,7 @@ class EnvConfig:
 @dataclass
 class AtariPreprocessing:
     """TorchBeast's Atari preprocessing (grayscale frames), declared once: both env makers
-    (envs.make_env and vector_envs' native AtariVectorEnv) read it through atari_settings."""
+    (make.make_env and native.py's AtariVectorEnv) read it through atari_settings."""
 
     noop_max: int = 30  # a reset is followed by 1 to noop_max no-op frames: varied starts
     frame_skip: int = 4  # each action repeats for this many frames; the last two are max-pooled

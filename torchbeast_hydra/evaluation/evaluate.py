@@ -28,8 +28,7 @@ from torchbeast_hydra.env.make import is_atari
 from torchbeast_hydra.env.settings import AtariEnvConfig, EnvConfig, atari_settings
 from torchbeast_hydra.env.vector import Environments
 from torchbeast_hydra.errors import ConfigError
-from torchbeast_hydra.logs.metrics import CsvLog
-from torchbeast_hydra.logs.runs import TRAINED_RUN_LINK
+from torchbeast_hydra.logs.metrics import TRAINED_RUN_LINK, CsvLog
 from torchbeast_hydra.logs.wandb_log import RUN_ID_FILE, WandbLog
 from torchbeast_hydra.run import checkpoint
 from torchbeast_hydra.run.seeding import eval_seed

@@ -19,6 +19,8 @@ from typing import Iterable, Protocol
 
 log = logging.getLogger(__name__)
 
+# In a mode=test run dir: a link to the trained run it played (evaluation writes it, analysis reads it).
+TRAINED_RUN_LINK = "trained_run"
 # The columns logs.csv starts with, in this order. Any other key a row brings (a new loss term,
 # a backend's statistic) gets a column of its own when it first appears: nothing is dropped.
 # The steps/s figure is measured over this many seconds of recent learner updates.

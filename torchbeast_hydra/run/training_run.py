@@ -89,12 +89,32 @@ class TrainingRun:
         self.ranks = ranks
         self.run_dir = Path(run_dir)
         self.spec = spec
+        self.checkpoint_path = checkpoint.path_in(self.run_dir)
+        self.csv_path = self.run_dir / "logs.csv"
+        self._make_learner()
+        self._make_stop_events()
+        start_step, episodes, elapsed_s = self._resume()
+        if ranks is not None:
+            ranks.synchronise(self.learner.model, start_step, cfg.seed)
+        self.resumed = start_step > 0
+        sinks = self._open_sinks(start_step)
+        self.stats = Stats(start_step, cfg.total_steps, sinks, start_time_s=elapsed_s)
+        self.stats.episodes = episodes
+        eval_sinks = [sink for sink in sinks if hasattr(sink, "log_eval")]
+        self.evaluations = evaluations(cfg, self.run_dir, eval_sinks, resume_step=start_step)
+        self._last_save = time.monotonic()
+        self._stop_if_target_reached()  # a run resumed after it met eval.stop_at_return stays complete
+
+    def _make_learner(self) -> None:
+        """The device, the speed switches, the seed, then the learner (the model's initial weights
+        follow the seed); with several ranks, it averages gradients across them."""
+        cfg, ranks = self.cfg, self.ranks
         self.device = resolve_device(cfg.device)
         accel.apply_switches(cfg.accel)
-        seed_everything(cfg.seed)  # before the model is built: its initial weights follow the seed
+        seed_everything(cfg.seed)
         self.learner = Learner(
             cfg,
-            make_model(cfg.model, spec),
+            make_model(cfg.model, self.spec),
             self.device,
             average_gradients=ranks.average_gradients if ranks is not None else None,
             sum_over_ranks=ranks.sum_over_ranks if ranks is not None else None,
@@ -102,36 +122,40 @@ class TrainingRun:
         self.lock = threading.Lock()  # guards the learner and stats between updates and saves
         # Rollouts with a step older than this many learner updates are not learned from (None: all are).
         self.max_policy_lag = 0 if cfg.backend.synchronous else cfg.backend.max_policy_lag
+
+    def _make_stop_events(self) -> None:
         self.stop_requested = threading.Event()
         # What a stop signal sets. With several ranks, all must stop after the same update: a signal
         # only asks, and `update` stops every rank once they have agreed on it.
-        self.stop_wanted = self.stop_requested if ranks is None else threading.Event()
-        self.stopped_by: StopOnSignals | None = None  # set by the backend; see launch.hand_over
+        self.stop_wanted = self.stop_requested if self.ranks is None else threading.Event()
+        self.stopped_by: StopOnSignals | None = None  # set by the backend; see launch.jobs.hand_over
 
-        self.checkpoint_path = checkpoint.path_in(self.run_dir)
+    def _resume(self) -> tuple[int, int, float]:
+        """Loads the run dir's checkpoint, if any (resume.py says when it may), and says what changed;
+        returns (step, episodes, training seconds) to go on from."""
         self.config_changes = {}  # on resume: key -> (the checkpoint's value, this run's)
         self.ranks_before = self.world_size  # on resume: the ranks of the run that wrote the checkpoint
-        start_step, episodes, elapsed_s = 0, 0, 0.0
-        if self.checkpoint_path.exists():
-            # On the CPU: the RNG states must stay there; load_state_dict moves the rest to the device.
-            state = checkpoint.load(self.checkpoint_path, map_location="cpu")
-            check_resumable(self.checkpoint_path, state, cfg, spec, self.learner.model.state_dict())
-            self.learner.load_state_dict(state["learner"])
-            checkpoint.set_rng_state(state["rng"])
-            start_step, episodes = state["step"], state["stats"]["episodes"]
-            elapsed_s = state["stats"].get("time_s", 0.0)  # absent in older checkpoints
-            log.info("Resuming from %s at step %d.", self.checkpoint_path, start_step)
-            self.config_changes = config_changes(state.get("config", {}), to_plain_dict(cfg))
-            for line in describe_changes(self.config_changes) if self.is_main else []:
-                log.warning(line)
-            self.ranks_before = state.get("ranks", 1)  # absent in older checkpoints: one rank
-            if self.ranks_before != self.world_size and self.is_main:
-                log.warning(rank_change(self.ranks_before, self.world_size))
-        if ranks is not None:
-            ranks.synchronise(self.learner.model, start_step, cfg.seed)
-        self.resumed = start_step > 0
-        sinks = []
-        self.csv_path = self.run_dir / "logs.csv"
+        if not self.checkpoint_path.exists():
+            return 0, 0, 0.0
+        cfg = self.cfg
+        # On the CPU: the RNG states must stay there; load_state_dict moves the rest to the device.
+        state = checkpoint.load(self.checkpoint_path, map_location="cpu")
+        check_resumable(self.checkpoint_path, state, cfg, self.spec, self.learner.model.state_dict())
+        self.learner.load_state_dict(state["learner"])
+        checkpoint.set_rng_state(state["rng"])
+        log.info("Resuming from %s at step %d.", self.checkpoint_path, state["step"])
+        self.config_changes = config_changes(state.get("config", {}), to_plain_dict(cfg))
+        for line in describe_changes(self.config_changes) if self.is_main else []:
+            log.warning(line)
+        self.ranks_before = state.get("ranks", 1)  # absent in older checkpoints: one rank
+        if self.ranks_before != self.world_size and self.is_main:
+            log.warning(rank_change(self.ranks_before, self.world_size))
+        # time_s is absent in older checkpoints.
+        return state["step"], state["stats"]["episodes"], state["stats"].get("time_s", 0.0)
+
+    def _open_sinks(self, start_step: int) -> list:
+        """Where each update's row goes: logs.csv, TensorBoard and wandb, as configured."""
+        cfg, sinks = self.cfg, []
         if cfg.logger.csv:
             with writing(self.csv_path):
                 sinks.append(CsvLog(self.csv_path, resume_step=start_step))
@@ -140,7 +164,7 @@ class TrainingRun:
 
             sinks.append(TensorboardLog(self.run_dir, resume_step=start_step))
         group, name, tags = hydra_labels()
-        self.wandb = wandb_log = WandbLog(
+        self.wandb = WandbLog(
             cfg.logger.wandb,
             self.run_dir,
             group=group,
@@ -149,14 +173,9 @@ class TrainingRun:
             config=to_plain_dict(cfg),
             resume_step=start_step,
         )
-        if wandb_log.active:
-            sinks.append(wandb_log)
-        self.stats = Stats(start_step, cfg.total_steps, sinks, start_time_s=elapsed_s)
-        eval_sinks = [sink for sink in sinks if hasattr(sink, "log_eval")]
-        self.evaluations = evaluations(cfg, self.run_dir, eval_sinks, resume_step=start_step)
-        self.stats.episodes = episodes
-        self._last_save = time.monotonic()
-        self._stop_if_target_reached()  # a run resumed after it met eval.stop_at_return stays complete
+        if self.wandb.active:
+            sinks.append(self.wandb)
+        return sinks
 
     def describe(self) -> dict:
         """What this run is, for the start-up summary (the backend adds how it acts)."""

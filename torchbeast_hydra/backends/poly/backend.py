@@ -1,5 +1,5 @@
 """The PolyBeast backend: the ActorPool server, central inference and local env clients feed the
-shared training loop (training.Backend).
+shared training loop (backends.loop.Backend).
 
 role=all   server + learner + backend.num_actors local env client processes
 role=learner  server + learner; env clients connect from other machines

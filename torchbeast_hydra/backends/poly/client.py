@@ -51,7 +51,7 @@ class LearnerFull(ConnectionError):
 
 class EnvsMaker(Protocol):
     """Makes a client's envs: an object with initial() and step(actions) returning the outputs
-    [num_envs, ...] (envs.Environments' contract), and close()."""
+    [num_envs, ...] (env.vector.Environments' contract), and close()."""
 
     spec: EnvSpec
 

@@ -20,6 +20,7 @@ import csv
 import os
 import re
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -27,12 +28,14 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from torchbeast_hydra.logs.metrics import CSV_FIELDS, read_rows, recent_means
+from torchbeast_hydra.logs.metrics import CSV_FIELDS, TRAINED_RUN_LINK, read_rows, recent_means
 from torchbeast_hydra.logs.sweep_record import is_run_control
 
 RETURN = "recent_return"
 SEED = "seed"
 ALL_RUNS = "all runs"  # the setting of every run when nothing but the seed was swept
+# The task is the env id; the env option (and what it brings) is the same within a task.
+TASK_KEYS = ("env", "env.id")
 
 
 def find_runs(path: str | Path) -> list:
@@ -41,7 +44,7 @@ def find_runs(path: str | Path) -> list:
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is not a directory")
     found = [p.parent for p in _files_under(path, "logs.csv")]
-    return sorted(found, key=lambda p: _natural_key(str(p.relative_to(path))))
+    return sorted(found, key=lambda p: natural_key(str(p.relative_to(path))))
 
 
 def _files_under(path: Path, name: str) -> list:
@@ -57,8 +60,8 @@ def _files_under(path: Path, name: str) -> list:
     return found
 
 
-# A test-mode run dir (mode=test) links to the run it played; its eval.csv measures that run.
-TRAINED_RUN_LINK = "trained_run"
+# A test-mode run dir (mode=test) links to the run it played (logs.metrics.TRAINED_RUN_LINK); its
+# eval.csv measures that run.
 KEPT_TESTS = "tests"  # in a run's copy (copy_run): KEPT_TESTS/N/eval.csv, the tests that played it
 
 
@@ -113,6 +116,26 @@ def copy_run(run_dir: str | Path, dest: str | Path, tests: Iterable[str | Path] 
         kept = dest / KEPT_TESTS / str(i)
         kept.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(Path(test_dir) / "eval.csv", kept / "eval.csv")
+
+
+KEPT_RUNS = "runs"  # under a report's dir, with --keep-runs: the copies it was drawn from
+
+
+def keep_runs(loaded: list, kept: Path) -> Path:
+    """Copies what the report reads of each run under kept (named as in the report), replacing an
+    earlier copy; a report drawn from kept runs (all of them under kept) keeps them as they are."""
+    kept = kept.resolve()
+    if all(r.dir.is_relative_to(kept) for r in loaded):
+        return kept
+    if any(r.dir.is_relative_to(kept) for r in loaded):
+        raise ValueError(f"some runs are under {kept} and some are not: draw from the others, or --out elsewhere")
+    shutil.rmtree(kept, ignore_errors=True)
+    kept.mkdir(parents=True)
+    (kept / KEPT_MARKER).write_text("copies of runs that a report was drawn from (report --keep-runs)\n")
+    for run in loaded:
+        name = Path(run.name)
+        copy_run(run.dir, kept / (name.relative_to(name.anchor) if name.is_absolute() else name), run.tests)
+    return kept
 
 
 def read_overrides(run_dir: str | Path) -> dict:
@@ -200,29 +223,108 @@ def load_run(run_dir: str | Path, name: Optional[str] = None, window: int = 100)
     return df
 
 
-def load_runs(paths: str | Path | Iterable[str | Path], window: int = 100) -> pd.DataFrame:
-    """Every run at or under paths (run dirs and/or multirun dirs) in one DataFrame.
+# The one loader.
 
-    Adds a column per swept key (its value in each run's config), and `setting`: the swept keys
-    other than the seed. attrs: `swept` (every key whose value differs between the runs, the seed
-    included), `swept_keys` (the setting's keys), `override_keys`, `window`.
-    """
+
+@dataclass
+class Run:
+    dir: Path
+    name: str
+    task: str
+    seed: Optional[int]
+    config: dict
+    train: pd.DataFrame  # load_run: logs.csv rows with recent_return
+    evals: Optional[pd.DataFrame]  # load_eval: eval.csv rows, or None
+    setting: str = ALL_RUNS
+    tests: list = field(default_factory=list)  # mode=test dirs that played it (evals has theirs)
+
+
+def load(paths: str | Path | Iterable[str | Path], window: int = 100) -> list[Run]:
+    """Every run at or under paths (run dirs and/or multirun dirs), and every run that a mode=test
+    dir there played, once each: named relative to what was given, with its config, seed, task,
+    setting (per task: assign_settings), logs.csv rows and evaluations. The one loader: the
+    report reads these, load_runs puts their rows in one DataFrame."""
     paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
     if not paths:
         raise FileNotFoundError("no runs dir given")
-    run_dirs = {}
+    found, tested = {}, {}
     for path in paths:
-        found = find_runs(path)
-        if not found:
+        dirs = find_runs(path)
+        tested.update(find_tested(path))  # mode=test's evaluations, of runs here or elsewhere
+        if not dirs and not tested:
             raise FileNotFoundError(f"no runs (no logs.csv) under {path}")
-        run_dirs.update({d.resolve(): d for d in found})  # a run given twice counts once
-    base = paths[0] if len(paths) == 1 else Path(os.path.commonpath([p.resolve() for p in paths]))
-    frames, configs = [], []
-    for resolved, run_dir in run_dirs.items():
-        here = run_dir if len(paths) == 1 else resolved
-        name = str(here.relative_to(base)) if here != base else here.name
-        frames.append(load_run(run_dir, name=name, window=window))
-        configs.append({**read_overrides(run_dir), **read_config(run_dir), SEED: read_seed(run_dir)})
+        found.update({d.resolve(): d for d in dirs})  # a run given twice counts once
+    found.update({trained: trained for trained in tested if trained not in found})
+    base = paths[0].resolve() if len(paths) == 1 else Path(os.path.commonpath([p.resolve() for p in paths]))
+    loaded = []
+    for resolved in found:
+        name = (
+            resolved.name
+            if resolved == base
+            else str(resolved.relative_to(base) if resolved.is_relative_to(base) else resolved)
+        )
+        config = {**read_overrides(resolved), **read_config(resolved)}
+        loaded.append(
+            Run(
+                dir=resolved,
+                name=name,
+                task=str(config.get("env.id") or config.get("env") or "unknown task"),
+                seed=read_seed(resolved),
+                config=config,
+                train=load_run(resolved, name=name, window=window),
+                evals=_evaluations(resolved, tested.get(resolved, [])),
+                tests=tested.get(resolved, []),
+            )
+        )
+    assign_settings(loaded)
+    return loaded
+
+
+def _evaluations(run_dir: Path, test_dirs: list) -> Optional[pd.DataFrame]:
+    """A run's evaluations: during training (its eval.csv) and by mode=test (theirs), by step."""
+    frames = [df for df in (load_eval(d) for d in [run_dir, *test_dirs]) if df is not None]
+    if not frames:
+        return None
+    return pd.concat(frames, ignore_index=True).sort_values("step", kind="stable").reset_index(drop=True)
+
+
+def assign_settings(loaded: list) -> None:
+    """Per task, the keys whose values differ between its runs (less the seed, the task's own keys
+    and sweep_record.RUN_CONTROL_KEYS) label each run's setting, e.g. `optim.learning_rate=0.001`."""
+    for task in task_names(loaded):
+        group = [r for r in loaded if r.task == task]
+        typed = {k for r in group for k in read_overrides(r.dir)}
+        configs = [{**r.config, SEED: r.seed} for r in group]
+        keys = [
+            k
+            for k in differing_keys(configs, typed=typed)
+            if k != SEED and k not in TASK_KEYS and not is_run_control(k)
+        ]
+        for run in group:
+            label = ",".join(f"{k}={run.config[k]}" for k in keys if run.config.get(k) is not None)
+            run.setting = label or ALL_RUNS
+
+
+def task_names(loaded: list) -> list:
+    return sorted({r.task for r in loaded}, key=natural_key)
+
+
+def setting_names(loaded: list) -> list:
+    return sorted({r.setting for r in loaded}, key=natural_key)
+
+
+def load_runs(paths: str | Path | Iterable[str | Path], window: int = 100) -> pd.DataFrame:
+    """Every run at or under paths (run dirs and/or multirun dirs) in one DataFrame: load's runs'
+    logs.csv rows.
+
+    Adds a column per swept key (its value in each run's config), and `setting`: the swept keys
+    other than the seed, across all the runs (the report's settings are per task). attrs: `swept`
+    (every key whose value differs between the runs, the seed included), `swept_keys` (the
+    setting's keys), `override_keys`, `window`.
+    """
+    loaded = load(paths, window)
+    frames = [run.train for run in loaded]
+    configs = [{**run.config, SEED: run.seed} for run in loaded]
     typed = {k for f in frames for k in f.attrs["override_keys"]}
     swept = [k for k in differing_keys(configs, typed=typed) if not is_run_control(k)]
     setting_keys = [k for k in swept if k != SEED]
@@ -285,7 +387,7 @@ def swept_keys(df: pd.DataFrame) -> list:
 
 def settings(df: pd.DataFrame) -> list:
     """The settings in a stable order: numbers by value, then text."""
-    return sorted(df["setting"].unique(), key=_natural_key)
+    return sorted(df["setting"].unique(), key=natural_key)
 
 
 def final_returns(df: pd.DataFrame, last_n: int = 100) -> pd.DataFrame:
@@ -365,7 +467,7 @@ def latest_runs_dir(root: Optional[str | Path] = None) -> Path:
     raise FileNotFoundError(f"no runs under {' or '.join(map(str, roots))}: set RUNS_DIR")
 
 
-def _natural_key(text: str):
+def natural_key(text: str):
     return [
         (0, float(part), "") if re.fullmatch(r"\d+(\.\d+)?(e-?\d+)?", part) else (1, 0.0, part)
         for part in re.split(r"(\d+(?:\.\d+)?(?:e-?\d+)?)", str(text))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from torchbeast_hydra.logs import plots, runs
+from torchbeast_hydra.analysis import figures, runs
 
 
 def main(argv=None) -> int:
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     else:
         out_dir = runs_dirs[0] if len(runs_dirs) == 1 else Path(os.path.commonpath([d.resolve() for d in runs_dirs]))
         out_dir = out_dir / "plots"
-    paths = plots.plot_all(df, out_dir, last_n=args.last_n, bins=args.bins)
+    paths = figures.plot_all(df, out_dir, last_n=args.last_n, bins=args.bins)
     count = df["run"].nunique()
     print(f"{count} run{'s' * (count != 1)} in {', '.join(map(str, runs_dirs))}; swept: {swept_line(df)}")
     with pd.option_context("display.width", 120, "display.max_columns", 10):

@@ -17,7 +17,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 import pandas as pd
 
-from torchbeast_hydra.logs import scores
+from torchbeast_hydra.analysis import scores
 
 # A reference's measure (baselines.yaml's `measure`) -> what it is, as the report words it.
 MEASURES = {
