@@ -53,6 +53,8 @@ from torchbeast_hydra.learning import settings as learning_settings
 from torchbeast_hydra.learning.settings import AccelConfig, AdamConfig, RMSPropConfig, VtraceConfig
 from torchbeast_hydra.logs import settings as logs_settings
 from torchbeast_hydra.logs.settings import LoggerConfig
+from torchbeast_hydra.pbt import settings as pbt_settings
+from torchbeast_hydra.pbt.settings import PbtConfig
 from torchbeast_hydra.run import settings as run_settings
 from torchbeast_hydra.run.settings import DistributedConfig, EvalConfig, TestConfig
 
@@ -74,6 +76,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     accel: AccelConfig = field(default_factory=AccelConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)  # ranks beyond one: run/distributed.py
+    pbt: PbtConfig = field(default_factory=PbtConfig)  # population-based training: pbt/, docs/pbt.md
 
     mode: Mode = Mode.train  # train | test
     seed: int = 1  # the network's initialisation and every env's and actor's randomness derive from it
@@ -129,6 +132,7 @@ CHECKS = (
     learning_settings.check,
     logs_settings.check,
     backend_settings.check,
+    pbt_settings.check,
 )
 BACKEND_CHECKS = {"mono": mono_settings.check, "poly": poly_settings.check}
 

@@ -84,6 +84,11 @@ class TrainingRun:
 
         self.checkpoint_path = checkpoint.path_in(self.run_dir)
         self.config_changes = {}  # on resume: key -> (the checkpoint's value, this run's)
+        # What others keep in the checkpoint: name -> a function giving its state (e.g. a population
+        # member's values and lineage, pbt/member.py), read back on resume into resumed_extras.
+        self.extra_state: dict = {}
+        self.resumed_extras: dict = {}
+        self.main_loop_hooks: list = []  # called between the main loop's beats (pbt/member.py's tick)
         self.ranks_before = self.world_size  # on resume: the ranks of the run that wrote the checkpoint
         start_step, episodes, elapsed_s = 0, 0, 0.0
         if self.checkpoint_path.exists():
@@ -92,6 +97,7 @@ class TrainingRun:
             check_resumable(self.checkpoint_path, state, cfg, spec, self.learner.model.state_dict())
             self.learner.load_state_dict(state["learner"])
             checkpoint.set_rng_state(state["rng"])
+            self.resumed_extras = state.get("extras", {})
             start_step, episodes = state["step"], state["stats"]["episodes"]
             elapsed_s = state["stats"].get("time_s", 0.0)  # absent in older checkpoints
             log.info("Resuming from %s at step %d.", self.checkpoint_path, start_step)
@@ -269,7 +275,14 @@ class TrainingRun:
     def save_checkpoint(self) -> None:
         if not self.is_main:  # every rank holds the same weights: rank 0's checkpoint is the run's
             return
-        with self.lock:
+        step = self.write_state(self.checkpoint_path)
+        self._last_save = time.monotonic()
+        log.info("Saved checkpoint at step %d to %s.", step, self.checkpoint_path)
+
+    def write_state(self, path: Path) -> int:
+        """Writes the run's state as a checkpoint to `path` (atomically: checkpoint.save), between
+        updates; returns its step. Also how a population member publishes (pbt/member.py)."""
+        with self.lock:  # the tensors stay as they are until written
             state = dict(
                 learner=self.learner.state_dict(),
                 step=self.stats.step,
@@ -278,11 +291,16 @@ class TrainingRun:
                 ranks=self.world_size,  # a resume may use another number (it says so)
                 config=to_plain_dict(self.cfg),
                 env=env_signature(self.cfg.env.id, self.spec),  # what a resume must match (with the shapes)
+                extras={name: extra() for name, extra in self.extra_state.items()},
             )
-            with writing(self.checkpoint_path):
-                checkpoint.save(self.checkpoint_path, state)
-        self._last_save = time.monotonic()
-        log.info("Saved checkpoint at step %d to %s.", self.stats.step, self.checkpoint_path)
+            with writing(path):
+                checkpoint.save(path, state)
+        return state["step"]
+
+    def run_hooks(self) -> None:
+        """Between the main loop's beats: what others attached (main_loop_hooks)."""
+        for hook in self.main_loop_hooks:
+            hook()
 
     def snapshot(self) -> tuple[int, dict]:
         """The step and a CPU copy of the learner's weights at it, taken together between updates
