@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import signal
 import subprocess
 import sys
 import textwrap
@@ -22,7 +23,7 @@ from torchbeast_hydra.pbt import mutation, population
 from torchbeast_hydra.pbt.settings import KeyMutation, mutations
 from torchbeast_hydra.run import checkpoint
 
-from helpers import REPO, compose_config
+from helpers import REPO, SMALL, compose_config, run_cli, run_sweep, start_cli, wait_for
 
 
 def spec(**fields):
@@ -272,3 +273,91 @@ def test_the_best_member_is_the_best_latest_score(tmp_path):
     assert population.best_member(tmp_path)[0] == 1
     with pytest.raises(population.PopulationError, match="no published score"):
         population.best_member(tmp_path / "empty")
+
+
+# -- populations that train (slow) --------------------------------------------------------------------
+
+# Tiny CartPole members; member i starts with the learning rate start[i] (1e-7: too small to learn).
+MEMBER = [
+    *SMALL,
+    "experiment=cartpole",
+    "pbt=default",
+    "eval.interval_steps=0",
+    "pbt.start=config",
+    "pbt.resample_probability=0",
+    "pbt.mutate.optim.learning_rate.low=1e-7",
+]
+
+
+def test_a_population_replaces_a_member_that_cannot_learn_and_mode_test_plays_its_best(tmp_path):
+    # On the basic launcher the members run in turn: member 3, whose learning rate is too small to
+    # learn, finds the others' published checkpoints, copies one at its first interval, and learns.
+    sweep = tmp_path / "sweep"
+    result = run_sweep(
+        sweep,
+        *MEMBER,
+        "pbt.population=4",
+        "total_steps=24000",
+        "pbt.interval_steps=8000",
+        "pbt.mutate.optim.learning_rate.start=[0.003,0.003,0.003,1e-7]",
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = population.read_table(sweep / "pbt")
+    mine = [row for row in rows if row["member"] == 3]
+    assert mine[0]["event"] == "start" and mine[0]["optim.learning_rate"] == 1e-7
+    exploit = next(row for row in mine if row["event"] == "exploit")
+    assert exploit["exploited_from"] in (0, 1, 2) and exploit["step"] <= 8200
+    assert 0.003 * 0.8 - 1e-9 <= exploit["optim.learning_rate"] <= 0.003 * 1.25 + 1e-9  # the copy's, perturbed
+    scores = [row["score"] for row in mine if row["event"] == "publish"]
+    assert scores[-1] > max(35.0, 1.5 * scores[0]), scores  # it learns after the copy (random play: ~22)
+    for member in range(4):  # every member published every interval, and its checkpoint is whole
+        assert [r["step"] for r in rows if r["member"] == member and r["event"] == "publish"][-1] >= 24000
+        assert checkpoint.load(population.published_path(sweep / "pbt", member))["step"] >= 24000
+    best, _ = population.best_member(sweep / "pbt")
+    tested = run_cli(tmp_path / "test", "mode=test", f"load_dir={sweep / 'pbt'}", "test.num_episodes=2", *SMALL[-1:])
+    assert f"Playing the population's best member, {best}" in tested.stdout + tested.stderr
+
+
+def test_a_member_stopped_by_a_signal_resumes_with_its_copied_weights_values_and_lineage(tmp_path):
+    pop = tmp_path / "population"
+    member = [*MEMBER, "pbt.population=2", f"pbt.dir={pop}", "pbt.mutate.optim.learning_rate.start=[0.003,1e-7]"]
+    # Member 0 trains a little and publishes; the test then says it scored 1,000 (the dir is all members share).
+    run_cli(tmp_path / "m0", *member, "pbt.member=0", "total_steps=1024", "pbt.interval_steps=1024")
+    population.append(pop, dict(member=0, step=1024, event="publish", score=1000.0, run_dir="../m0"),
+                      ["optim.learning_rate", "vtrace.entropy_cost"])  # fmt: skip
+    copied = checkpoint.load(population.published_path(pop, 0))["learner"]["model"]
+    one = [*member, "pbt.member=1", "pbt.interval_steps=1024"]
+    process = start_cli(tmp_path / "m1", *one, "total_steps=100000")
+
+    def lineage():
+        path = checkpoint.path_in(tmp_path / "m1")
+        return path.exists() and checkpoint.load(path).get("extras", {}).get("pbt", {}).get("lineage")
+
+    try:
+        wait_for(lineage, timeout=300, what="member 1 to copy member 0 and save its checkpoint")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=120)[0]
+    assert process.returncode == 0, output[-3000:]
+    exploit = next(r for r in population.read_table(pop) if r["member"] == 1 and r["event"] == "exploit")
+    assert exploit["exploited_from"] == 0 and exploit["from_step"] == 1024
+    state = checkpoint.load(checkpoint.path_in(tmp_path / "m1"))
+    assert state["extras"]["pbt"]["values"]["optim.learning_rate"] == exploit["optim.learning_rate"] > 1e-3
+    if state["step"] == exploit["step"]:  # stopped before another update: the copied weights, as copied
+        assert all(torch.equal(state["learner"]["model"][k], copied[k]) for k in copied)
+    # Started again (the same command, a shorter run): its values and lineage, not the config's 1e-7.
+    resumed = run_cli(tmp_path / "m1", *one, "total_steps=3072")
+    assert resumed.returncode == 0
+    rows = [r for r in population.read_table(pop) if r["member"] == 1]
+    resume = next(r for r in rows if r["event"] == "resume")
+    assert resume["optim.learning_rate"] == exploit["optim.learning_rate"]
+    final = checkpoint.load(checkpoint.path_in(tmp_path / "m1"))
+    assert final["step"] >= 3072 and final["extras"]["pbt"]["lineage"][0]["source"] == 0
+    assert rows[-1]["event"] == "publish" and rows[-1]["step"] >= 3072
+
+
+def test_a_run_outside_a_multirun_needs_its_populations_dir(tmp_path):
+    result = run_cli(tmp_path / "run", *MEMBER, "total_steps=1024", check=False)
+    assert result.returncode == 2
+    assert "a population's members are the jobs of a multirun: add -m" in result.stdout + result.stderr

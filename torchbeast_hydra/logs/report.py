@@ -34,7 +34,7 @@ import pandas as pd
 import yaml
 from matplotlib.figure import Figure
 
-from torchbeast_hydra.logs import runs, scores
+from torchbeast_hydra.logs import population_figures, runs, scores
 from torchbeast_hydra.logs.metrics import target_met
 from torchbeast_hydra.logs.sweep_record import is_run_control
 
@@ -133,11 +133,15 @@ def assign_settings(loaded: list) -> None:
         keys = [
             k
             for k in runs.differing_keys(configs, typed=typed)
-            if k != runs.SEED and k not in TASK_KEYS and not is_run_control(k)
+            if k != runs.SEED and k not in TASK_KEYS and not is_run_control(k) and k not in POPULATION_KEYS
         ]
         for run in group:
             label = ",".join(f"{k}={run.config[k]}" for k in keys if run.config.get(k) is not None)
             run.setting = label or ALL_RUNS
+
+
+# A population's members are one setting, as seeds are: their curves pool (pbt/, population_figures.py).
+POPULATION_KEYS = ("pbt.member",)
 
 
 def tasks(loaded: list) -> list:
@@ -463,6 +467,12 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
         task_runs = [r for r in loaded if r.task == task]
         fig = curve_figure(task, task_runs, metric, baselines.get(task), options.reps, options.seed)
         written[f"curve:{task}"] = _save(fig, out_dir / f"curve_{_file_name(task)}.png")
+    populations = []
+    for population_dir in sorted({p for path in paths for p in population_figures.find_populations(Path(path))}):
+        name = _population_name(population_dir, paths)
+        fig, summary = population_figures.population_figure(population_dir, name, options.window)
+        written[f"population:{name}"] = _save(fig, out_dir / f"population_{_file_name(name)}.png")
+        populations += population_figures.markdown(name, written[f"population:{name}"].name, summary)
     written["profile"] = _save(
         profile_figure(normalised, options.reps, options.seed), out_dir / "performance_profile.png"
     )
@@ -475,6 +485,8 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
     markdown = render_markdown(
         paths, loaded, metric, missing, table, aggregates, used, left_out, baselines, options, written, unfinished
     )
+    if populations:
+        markdown += "\n## Populations (population-based training)\n" + "\n".join(populations) + "\n"
     written["report"] = out_dir / "report.md"
     written["report"].write_text(markdown)
     return written
@@ -499,6 +511,15 @@ def keep_runs(loaded: list, kept: Path) -> Path:
         name = Path(run.name)
         runs.copy_run(run.dir, kept / (name.relative_to(name.anchor) if name.is_absolute() else name), run.tests)
     return kept
+
+
+def _population_name(population_dir: Path, paths: Sequence) -> str:
+    """A population's name in the report: its dir relative to the path it was found under."""
+    for path in paths:
+        path = Path(path).resolve()
+        if population_dir.resolve().is_relative_to(path):
+            return str(population_dir.resolve().relative_to(path.parent))
+    return str(population_dir)
 
 
 def _target(targets: dict, task: str) -> Optional[float]:
