@@ -54,7 +54,7 @@ from torchbeast_hydra.learning.settings import AccelConfig, AdamConfig, RMSPropC
 from torchbeast_hydra.logs import settings as logs_settings
 from torchbeast_hydra.logs.settings import LoggerConfig
 from torchbeast_hydra.pbt import settings as pbt_settings
-from torchbeast_hydra.pbt.settings import PbtConfig
+from torchbeast_hydra.pbt.settings import KeyMutation, PbtConfig
 from torchbeast_hydra.run import settings as run_settings
 from torchbeast_hydra.run.settings import DistributedConfig, EvalConfig, TestConfig
 
@@ -112,6 +112,7 @@ SCHEMAS = {
     "vtrace": dict(base_vtrace=VtraceConfig),
     "optim": dict(base_rmsprop=RMSPropConfig, base_adam=AdamConfig),
     "backend": dict(base_mono=MonoConfig, base_poly=PolyConfig),
+    "pbt": dict(base_pbt=PbtConfig, base_key_mutation=KeyMutation),  # conf/pbt/ sets the root's pbt (global)
 }
 SCHEMA_PREFIX = "base_"
 

@@ -36,6 +36,8 @@ class KeyMutation:
     in [low, high]; resampled (pbt.resample_probability): drawn afresh from [low, high] (log-uniformly
     with log) or from `choices`."""
 
+    reference_prefix = "pbt.mutate.GROUP.KEY."  # where its keys sit (the configuration reference's rows)
+
     low: Optional[float] = None
     high: Optional[float] = None
     log: bool = True  # resample log-uniformly: rates and costs span decades
