@@ -201,9 +201,21 @@ def cpu_by_process(root: int) -> dict:
         except OSError:
             continue
         role = "learner process (poly: + server, inference)" if pid == root else None
+        if _comm(pid) == SHARD_NAME:
+            role = "server shards (poly)"
         role = role or next((name for key, name in PROCESS_ROLES if key in cmdline), "other")
         seconds[pid] = (role, cpu_seconds([pid]))
     return seconds
+
+
+SHARD_NAME = "poly-shard"  # a server shard process's name (shards.py sets it)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def cpu_by_role(before: dict, after: dict) -> dict:

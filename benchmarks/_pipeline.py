@@ -77,25 +77,18 @@ def trivial_policy(num_actions: int):
 class NullLearner:
     """The learner side of poly without the math: the server, central inference, batch stacking."""
 
-    def __init__(self, maker: FixedFrames, args):
+    def __init__(self, maker: FixedFrames, args, shards: int = 1):
         import torch
 
         from torchbeast_hydra.backends.poly import wire
         from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
         from torchbeast_hydra.backends.poly.rollouts import RolloutQueue
         from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings, make_server
+        from torchbeast_hydra.backends.poly.shards import ShardedServer, ShardPlan
 
         self.args = args
         self.token = secrets.token_urlsafe(16)
         self.rollouts = RolloutQueue(args.learner_queue_size)
-        self.inference = DynamicBatcher(
-            trivial_policy(maker.spec.actions.nvec[0]),
-            args.max_batch_size,
-            args.batch_timeout_ms / 1000,
-            producers=lambda: self.pool.connected,
-            setup=lambda: torch.set_num_threads(1),
-            name="inference",
-        )
         settings = ServerSettings(
             env_id="FixedFrames",
             unroll_length=args.unroll_length,
@@ -106,6 +99,36 @@ class NullLearner:
             max_clients=max(args.clients),
             client_idle_timeout_s=60.0,
         )
+        self.max_bytes = wire.max_message_bytes(maker.spec, max(args.envs))
+        self.steps = 0
+        self.batches = 0
+        self.gather_s = 0.0
+        self.sharded = None
+        self.server = self.inference = None
+        self._thread = threading.Thread(target=self._learn, daemon=True)
+        if shards > 1:  # the server's work in shard processes, central inference here
+            plan = ShardPlan(
+                spec=maker.spec,
+                settings=settings,
+                token=self.token,
+                max_message_bytes=self.max_bytes,
+                max_batch_size=args.max_batch_size,
+                batch_timeout_s=args.batch_timeout_ms / 1000,
+                initial_state=(),
+            )
+            policy = trivial_policy(maker.spec.actions.nvec[0])
+            self.sharded = self.pool = ShardedServer(plan, shards, "127.0.0.1:0", policy, self.rollouts)
+            self.address = f"127.0.0.1:{self.sharded.start()}"
+            self._thread.start()
+            return
+        self.inference = DynamicBatcher(
+            trivial_policy(maker.spec.actions.nvec[0]),
+            args.max_batch_size,
+            args.batch_timeout_ms / 1000,
+            producers=lambda: self.pool.connected,
+            setup=lambda: torch.set_num_threads(1),
+            name="inference",
+        )
         self.pool = ActorPool(
             maker.spec,
             settings,
@@ -114,22 +137,27 @@ class NullLearner:
             initial_state=lambda n: (),
             emit=self._enqueue,
         )
-        self.max_bytes = wire.max_message_bytes(maker.spec, max(args.envs))
         self.server, port = make_server(self.pool, "127.0.0.1:0", self.max_bytes)
         self.address = f"127.0.0.1:{port}"
-        self.steps = 0
-        self.batches = 0
-        self.gather_s = 0.0
         self.server.start()
-        self._thread = threading.Thread(target=self._learn, daemon=True)
         self._thread.start()
 
+    @property
+    def stopping(self) -> threading.Event:
+        return (self.sharded or self.pool).stopping
+
+    def shard_pids(self) -> list:
+        return [p.pid for p in self.sharded.processes.processes.values()] if self.sharded else []
+
+    def take_inference_stats(self) -> list:
+        return (self.sharded.central if self.sharded else self.inference).take_stats()
+
     def _enqueue(self, rollouts, core_state) -> None:
-        self.rollouts.put(rollouts, core_state, self.pool.stopping)
+        self.rollouts.put(rollouts, core_state, self.stopping)
 
     def _learn(self) -> None:
         while True:
-            got = self.rollouts.get_batch(self.args.batch_size, self.pool.stopping.is_set)
+            got = self.rollouts.get_batch(self.args.batch_size, self.stopping.is_set)
             if got is None:
                 return
             self.steps += int(got[0]["mask"][1:].sum())
@@ -137,6 +165,10 @@ class NullLearner:
             self.batches += 1
 
     def stop(self) -> None:
+        if self.sharded is not None:
+            self.sharded.stop(finished=True)
+            self._thread.join()
+            return
         self.pool.stop(finished=True)
         deadline = time.monotonic() + 5
         while self.pool.connected and time.monotonic() < deadline:
@@ -176,20 +208,24 @@ def wait_for_clients(pool, processes: list, timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-def measure_null(maker, args, clients: int, envs: int) -> dict:
-    learner = NullLearner(maker, args)
+def measure_null(maker, args, clients: int, envs: int, shards: int = 1) -> dict:
+    learner = NullLearner(maker, args, shards)
     processes = start_clients(maker, learner.address, learner.token, clients, envs, learner.max_bytes)
     try:
         wait_for_clients(learner.pool, processes)
         time.sleep(args.warmup)
-        pids = process_tree(os.getpid())
+        pids, shard_pids = process_tree(os.getpid()), learner.shard_pids()
+        learner.take_inference_stats()
+        learner.pool.take_step_stats()
         steps0, gather0 = learner.steps, learner.gather_s
         cpu0, own0, started = cpu_seconds(pids), cpu_seconds([os.getpid()]), time.perf_counter()
+        shards0 = cpu_seconds(shard_pids)
         time.sleep(args.seconds)
         steps, elapsed = learner.steps - steps0, time.perf_counter() - started
         cpu, own = cpu_seconds(pids) - cpu0, cpu_seconds([os.getpid()]) - own0
+        shards_cpu = cpu_seconds(shard_pids) - shards0
         gather = learner.gather_s - gather0
-        inference = learner.inference.take_stats()
+        inference = learner.take_inference_stats()
         server_us = learner.pool.take_step_stats()
     finally:
         learner.stop()
@@ -201,6 +237,7 @@ def measure_null(maker, args, clients: int, envs: int) -> dict:
         sps=steps / elapsed,
         cpu_us=1e6 * cpu / max(steps, 1),
         learner_cpu_us=1e6 * own / max(steps, 1),
+        shards_cpu_us=1e6 * shards_cpu / max(steps, 1),
         gather_us=1e6 * gather / max(steps, 1),
         inference_batch=np.mean([size for size, _ in inference]) if inference else 0.0,
         server_us=server_us,

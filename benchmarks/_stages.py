@@ -131,9 +131,9 @@ def lockstep_env_us(env_cfg, seconds: float = 2.0) -> tuple[float, np.ndarray]:
 def native_env_cost(env_cfg, actions: np.ndarray, num_envs: int = 4) -> float:
     """An env step in ale-py's native AtariVectorEnv on one thread, num_envs envs a call: what
     mono's actors and poly's clients step for Atari ids (the preprocessing done in C++)."""
-    from torchbeast_hydra.env.native import envs_maker
+    from torchbeast_hydra.env.native import AtariVectorEnvs
 
-    envs = envs_maker(env_cfg, 1)(num_envs, 0)
+    envs = AtariVectorEnvs(env_cfg, 1)(num_envs, 0)
     envs.initial()
     counter = itertools.count()
     batched = actions[: len(actions) // num_envs * num_envs].reshape(-1, num_envs, *actions.shape[1:])

@@ -12,6 +12,10 @@
     python benchmarks/throughput.py pipeline --learner cli --obs cartpole experiment=cartpole
     python benchmarks/throughput.py pipeline --learner cli --clients 2 4 --envs 64 model=trivial_frames
     python benchmarks/throughput.py pipeline --obs float64 --clients 1   # the server's float range check
+    python benchmarks/throughput.py pipeline --shards 1 2 --rounds 3 --envs 16   # the server in 1 and 2 processes
+    python benchmarks/throughput.py envs                  # the raw env rate of each engine (env.engine)
+    python benchmarks/throughput.py envs --engines native envpool --ids ALE/Pong-v5 --rounds 5
+    python benchmarks/throughput.py envs --processes 16 --seconds 3   # a 16-core machine, a process a core
 
 train (the default mode): trains for --warmup + --seconds of training, by the run's own clock (its
 start-up not counted; the default warm-up covers the learner's thread trial, run/thread_trial.py;
@@ -38,6 +42,13 @@ env-step (all processes; the figure that stays comparable when other work shares
 --learner cli runs the real learner instead (`backend.role=learner` with the given overrides;
 model=trivial_frames, from benchmarks/conf, is a policy that costs the learner next to nothing).
 
+envs: the raw env rate of each engine (env.engine: gymnasium, native, envpool) for each id in --ids
+(Pong, HalfCheetah and Hopper by default): --processes processes at once, each stepping --num-envs
+envs with random actions on --threads threads, no policy (_engines.py). The engines alternate
+within each of --rounds rounds; the median round is printed: env-steps per CPU-second (what a core
+gives, comparable when other work shares the machine), CPU microseconds an env-step, and the wall
+rate of all the processes together. An engine that cannot run an id says why.
+
 Hydra overrides (key=value) may stand anywhere on the line, after a list option too.
 """
 
@@ -52,6 +63,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import GpuSampler, composed, mean_of, platform_line, steady_rate, steps_per_update, train  # noqa: E402
+from _engines import measure as measure_engine  # noqa: E402
+from _engines import refusal as engine_refusal  # noqa: E402
 from _pipeline import OBS  # noqa: E402
 from _stages import NATIVE_ENV, lockstep_env_us, stage_costs  # noqa: E402
 
@@ -127,10 +140,10 @@ def env_steps_per_second(env_cfg, seconds: float = 5.0) -> float:
 
 def acting_batch(cfg) -> int:
     """The envs one mono actor evaluates its policy on at once (auto-sized as the run sizes them)."""
-    from torchbeast_hydra.backends.settings import auto_actors
+    from torchbeast_hydra.backends import registry
     from torchbeast_hydra.run.devices import usable_cores
 
-    return cfg.backend.envs_per_actor or auto_actors(cfg.backend.name, usable_cores())[1]
+    return cfg.backend.envs_per_actor or registry.get(cfg.backend.name).auto_actors(usable_cores())[1]
 
 
 # -- train mode -------------------------------------------------------------------------------------
@@ -267,24 +280,63 @@ def pipeline_mode(args) -> None:
     )
     extra = "  update us/step  queue" if args.learner == "cli" else ""
     print(
-        f"{'clients':>7} {'envs/client':>11} {'env-steps/s':>12} {'wall us/step':>12} {'CPU us/step':>11} "
-        f"{'of it learner process':>21} "
+        f"{'shards':>6} {'clients':>7} {'envs/client':>11} {'env-steps/s':>12} {'wall us/step':>12} "
+        f"{'CPU us/step':>11} {'of it learner process':>21} {'shards':>6} "
         f"{'server us/step':>14} {'gather us/step':>14} {'inference batch':>15}{extra}"
     )
-    measure_pipeline = measure_cli if args.learner == "cli" else measure_null
-    for clients in args.clients:
-        for envs in args.envs:
-            r = measure_pipeline(maker, args, clients, envs)
-            line = (
-                # no step in the window (a loaded machine, a short --seconds): no time a step either
-                f"{clients:>7} {envs:>11} {r['sps']:>12,.0f} {_cell(1e6 / r['sps'] if r['sps'] else None, 12, '.1f')} "
-                f"{r['cpu_us']:>11.1f} "
-                f"{r['learner_cpu_us']:>21.1f} "
-                f"{_cell(r['server_us'], 14, '.1f')} {r['gather_us']:>14.1f} {r['inference_batch']:>15.1f}"
-            )
-            if args.learner == "cli":
-                line += f" {r['update_us']:>15.1f} {r['queue'] or 0:>6.1f}"
-            print(line, flush=True)
+    for _ in range(args.rounds):  # rounds alternate the shard counts: other load on the machine hits each alike
+        for shards in args.shards:
+            for clients in args.clients:
+                for envs in args.envs:
+                    if args.learner == "cli":
+                        args.overrides = [o for o in args.overrides if not o.startswith("backend.server_shards=")]
+                        args.overrides.append(f"backend.server_shards={shards}")
+                        r = measure_cli(maker, args, clients, envs)
+                    else:
+                        r = measure_null(maker, args, clients, envs, shards)
+                    print(_pipeline_line(args, shards, clients, envs, r), flush=True)
+
+
+def _pipeline_line(args, shards: int, clients: int, envs: int, r: dict) -> str:
+    line = (
+        # no step in the window (a loaded machine, a short --seconds): no time a step either
+        f"{shards:>6} {clients:>7} {envs:>11} {r['sps']:>12,.0f} "
+        f"{_cell(1e6 / r['sps'] if r['sps'] else None, 12, '.1f')} {r['cpu_us']:>11.1f} "
+        f"{r['learner_cpu_us']:>21.1f} {_cell(r.get('shards_cpu_us'), 6, '.1f')} "
+        f"{_cell(r['server_us'], 14, '.1f')} {r['gather_us']:>14.1f} {r['inference_batch']:>15.1f}"
+    )
+    if args.learner == "cli":
+        line += f" {r['update_us']:>15.1f} {r['queue'] or 0:>6.1f}"
+    return line
+
+
+ENGINES = ("gymnasium", "native", "envpool")
+ENV_IDS = ("ALE/Pong-v5", "HalfCheetah-v5", "Hopper-v5")
+
+
+def envs_mode(args) -> None:
+    shape = f"{args.processes} process(es) x {args.num_envs} envs x {args.threads} thread(s)"
+    print(f"# raw env rate: {platform_line()}; {shape}")
+    runs = {}
+    for env_id in args.ids:
+        for engine in args.engines:
+            reason = engine_refusal(env_id, engine)
+            if reason is not None:
+                print(f"{env_id:<16} {engine:<10} -  ({reason})")
+            else:
+                runs[env_id, engine] = []
+    for round_ in range(args.rounds):  # engines alternate, so that a slow spell of the machine hits each
+        for key in runs:
+            runs[key].append(measure_engine(*key, args.num_envs, args.threads, args.processes, args.seconds))
+            print(f"  round {round_ + 1}: {key[0]} {key[1]} {runs[key][-1].per_core:,.0f} a core", file=sys.stderr)
+    print(f"{'id':<16} {'engine':<10} {'steps/s a core':>14} {'CPU us/step':>12} {'wall steps/s':>13}  rounds (a core)")
+    for (env_id, engine), rates in runs.items():
+        median = sorted(rates, key=lambda r: r.per_core)[len(rates) // 2]
+        each = ", ".join(f"{r.per_core:,.0f}" for r in rates)
+        print(
+            f"{env_id:<16} {engine:<10} {median.per_core:>14,.0f} {1e6 / median.per_core:>12.1f} "
+            f"{median.per_second:>13,.0f}  {each}"
+        )
 
 
 # -- the command line -------------------------------------------------------------------------------
@@ -332,14 +384,28 @@ def parser() -> argparse.ArgumentParser:
     pipe.add_argument("--max-batch-size", type=int, default=512, help="envs per central inference pass")
     pipe.add_argument("--batch-timeout-ms", type=float, default=2.0)
     pipe.add_argument("--learner-queue-size", type=int, default=64)
+    pipe.add_argument(
+        "--shards", type=int, nargs="+", default=[1], help="server shard processes (1: all in the learner's process)"
+    )
+    pipe.add_argument("--rounds", type=int, default=1, help="times to measure each shard count, alternating")
     pipe.add_argument("--seconds", type=float, default=15.0)
     pipe.add_argument("--warmup", type=float, default=5.0)
     pipe.add_argument("overrides", nargs="*", help="--learner cli: Hydra overrides for the learner")
+
+    engines = modes.add_parser("envs", help="the raw env rate of each engine (env.engine), no policy")
+    engines.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    engines.add_argument("--ids", nargs="+", default=list(ENV_IDS), help="ids (Atari's: env=pong's preprocessing)")
+    engines.add_argument("--num-envs", type=int, default=16, help="envs a process steps together")
+    engines.add_argument("--threads", type=int, default=1, help="each process's engine threads (C++ engines)")
+    engines.add_argument("--processes", type=int, default=1, help="processes measured at once")
+    engines.add_argument("--seconds", type=float, default=5.0)
+    engines.add_argument("--rounds", type=int, default=3)
+    engines.set_defaults(overrides=[])  # none: the ids and engines are the options
     return top
 
 
 def parse_args(argv: list) -> argparse.Namespace:
-    if not argv or argv[0] not in ("train", "scaling", "pipeline", "-h", "--help"):
+    if not argv or argv[0] not in ("train", "scaling", "pipeline", "envs", "-h", "--help"):
         argv = ["train", *argv]  # train is the default mode: `throughput.py backend=poly` as before modes
     # Hydra overrides (key=value) may stand anywhere: argparse alone would read `experiment=cartpole`
     # after `--envs 4 64` as a third env count and refuse it.
@@ -351,7 +417,7 @@ def parse_args(argv: list) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args(sys.argv[1:])
-    dict(train=train_mode, scaling=scaling_mode, pipeline=pipeline_mode)[args.mode](args)
+    dict(train=train_mode, scaling=scaling_mode, pipeline=pipeline_mode, envs=envs_mode)[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -343,12 +343,13 @@ POOL_SPEC = EnvSpec.box((3,), np.dtype(np.float32), 2)  # the in-process pool te
 
 
 def zero_policy(inputs: dict) -> dict:
-    """Central inference for POOL_SPEC: action 0, zero logits and values, for every env."""
+    """Central inference for POOL_SPEC: action 0, zero logits and values, for every env, by weights of version 0."""
     n = inputs["done"].shape[0]
     return dict(
         action=torch.zeros(n, dtype=torch.int64),
         policy_logits=torch.zeros(n, POOL_SPEC.actions.num_params),
         baseline=torch.zeros(n),
+        policy_version=torch.zeros(n, dtype=torch.int64),
     )
 
 
@@ -374,8 +375,8 @@ def serve_small_pool(spec=POOL_SPEC, infer=zero_policy, on_error=None, idle_time
 class RawClient:
     """A Connect stream whose messages the test sends one at a time (or never)."""
 
-    def __init__(self, port, token=POOL_TOKEN):
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    def __init__(self, port, token=POOL_TOKEN, options=()):
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=list(options))
         self.outgoing = queue.SimpleQueue()
         connect = self.channel.stream_stream(
             wire.CONNECT, request_serializer=None, response_deserializer=wire.ServerMessage.FromString

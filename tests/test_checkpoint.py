@@ -93,7 +93,7 @@ def test_a_checkpoint_saved_before_the_move_loads_and_acts():
     from torchbeast_hydra.agent.models import make_model, saved_model_config
     from torchbeast_hydra.env.settings import EnvConfig
     from torchbeast_hydra.env.vector import Environments
-    from torchbeast_hydra.run.evaluate import Rules, play
+    from torchbeast_hydra.evaluation.evaluate import Rules, play
 
     state = checkpoint.load(BEFORE_THE_MOVE)
     assert state["config"]["model"]["_target_"] == "torchbeast_hydra.models.MLPBody"
@@ -108,7 +108,7 @@ def test_a_checkpoint_saved_before_the_move_loads_and_acts():
 
 
 def test_a_trained_policy_loads_from_a_run_dir_and_acts(tmp_path):
-    from torchbeast_hydra.run.policy import load_policy
+    from torchbeast_hydra.evaluation.policy import load_policy
 
     (tmp_path / "checkpoint.pt").write_bytes(BEFORE_THE_MOVE.read_bytes())
     policy = load_policy(tmp_path)

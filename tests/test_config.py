@@ -76,7 +76,7 @@ def test_atari_env_options_take_the_atari_settings(env):
 
 def test_cartpole_shows_no_atari_settings_and_an_atari_id_on_it_gets_their_defaults():
     cfg = compose_config(["env=cartpole"])
-    assert set(cfg.env) == {"id", "imports", "make_kwargs", "obs_keys"}
+    assert set(cfg.env) == {"id", "imports", "make_kwargs", "obs_keys", "engine"}
     with pytest.raises(ConfigCompositionException):
         compose_config(["env=cartpole", "env.sticky_action_prob=0.25"])
     breakout = compose_config(["env=cartpole", "env.id=ALE/Breakout-v5"])

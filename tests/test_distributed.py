@@ -1,4 +1,4 @@
-"""Data-parallel ranks on torch.distributed (run/distributed.py), with gloo on this CPU box.
+"""Data-parallel ranks on torch.distributed (launch/distributed.py), with gloo on this CPU box.
 
 The unit tests start two ranks once with torch.multiprocessing; the end-to-end ones start the command
 with distributed.nproc=2 (the spawn-itself switch) or through torchrun, and kill, stop or signal
@@ -20,7 +20,7 @@ import torch.multiprocessing as mp
 from test_learner import learner_batch, learner_cfg, make_learner
 
 from torchbeast_hydra.errors import ConfigError
-from torchbeast_hydra.run import distributed
+from torchbeast_hydra.launch import distributed
 from torchbeast_hydra.run.seeding import actor_seed, rank_seed
 
 from helpers import SMALL, actor_pids, cli_env, rows, run_cli, wait_for

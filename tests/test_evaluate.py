@@ -9,7 +9,7 @@ import torch
 
 from torchbeast_hydra.env.settings import EnvConfig
 from torchbeast_hydra.env.vector import Environments
-from torchbeast_hydra.run.evaluate import Rules, _append_row, eval_env_config, play
+from torchbeast_hydra.evaluation.evaluate import Rules, _append_row, eval_env_config, play, protocol
 from torchbeast_hydra.run.seeding import eval_seed
 
 from helpers import compose_config, csv_dicts, run_cli
@@ -129,7 +129,8 @@ def test_test_mode_writes_into_its_own_run_dir(tiny_run, tiny_test_run):
     (row,) = csv_dicts(test_dir / "eval.csv")
     assert int(row["episodes"]) == 2 and float(row["std_return"]) >= 0
     assert float(row["mean_return"]) > 0  # CartPole pays each step the pole stays up
-    assert row["max_episode_steps"] == "27000" and row["greedy"] == "True" and row["epsilon"] == "0.0"
+    # CartPole-v1's own 500-step limit cuts its games, not test.max_episode_steps (27,000, Atari's).
+    assert row["max_episode_steps"] == "500" and row["greedy"] == "True" and row["epsilon"] == "0.0"
     assert row["trained_run"] == str(tiny_run.resolve())
     assert int(row["seed"]) == eval_seed(1)  # an evaluation env's seed (the default seed=1), no training env's
     # The summary goes through logging: to the console and to the test run's log file.
@@ -180,3 +181,15 @@ def test_test_mode_takes_a_job_dir_or_a_whole_sweep(tiny_sweep, tmp_path):
     for job in jobs:
         (row,) = csv_dicts(tmp_path / "all" / job / "eval.csv")
         assert row["trained_run"] == str((tiny_sweep / job).resolve()) and int(row["episodes"]) == 1
+
+
+def test_protocol_records_the_cap_that_cuts_the_games():
+    """eval.csv's max_episode_steps is where games end: CartPole-v1's own 500-step limit, not
+    test.max_episode_steps (ALE's 27,000), unless that comes first."""
+    envs = Environments(EnvConfig(id="CartPole-v1"), 1, seed=0)
+    try:
+        cfg = EnvConfig(id="CartPole-v1")
+        assert protocol(cfg, envs, Rules(episodes=1))["max_episode_steps"] == 500
+        assert protocol(cfg, envs, Rules(episodes=1, max_episode_steps=50))["max_episode_steps"] == 50
+    finally:
+        envs.close()

@@ -350,8 +350,8 @@ def test_a_failure_that_breaks_saving_too_is_what_gets_reported(tmp_path, caplog
     """A sticky CUDA error makes the final checkpoint's save fail as well: the learner's error is
     raised, not the save's, and the previous checkpoint stays."""
     from torchbeast_hydra.agent.models import make_model
+    from torchbeast_hydra.backends.loop import Backend
     from torchbeast_hydra.env.spaces import probe_env
-    from torchbeast_hydra.run.training import Backend
     from torchbeast_hydra.run.training_run import TrainingRun
 
     cfg = compose_config(TINY)

@@ -4,7 +4,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from hydra_plugins.torchbeast_hydra_slurm.launcher import hopeless, sweep_job_ids
-from torchbeast_hydra.run.launch import LaunchError, SlurmNode, check_fits, gpu_count, minutes, partition_nodes
+from torchbeast_hydra.launch.jobs import LaunchError, SlurmNode, check_fits, gpu_count, minutes, partition_nodes
 
 SINFO = """\
 cpu01|cpu*|64|256000|(null)|1-00:00:00

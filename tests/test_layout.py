@@ -4,7 +4,7 @@ learner's specs all follow it."""
 import numpy as np
 import torch
 
-from torchbeast_hydra.backends.mono.actors import create_buffers
+from torchbeast_hydra.backends.mono.backend import create_buffers
 from torchbeast_hydra.backends.poly import wire
 from torchbeast_hydra.env import layout
 from torchbeast_hydra.env.settings import EnvConfig

@@ -19,7 +19,14 @@ from torchbeast_hydra.env.settings import EnvConfig
 from torchbeast_hydra.env.spaces import EnvSpec
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning import settings, vtrace
-from torchbeast_hydra.learning.learner import Learner, NonFiniteUpdate, compute_losses, loss_inputs, make_optimizer
+from torchbeast_hydra.learning.learner import (
+    Learner,
+    NonFiniteUpdate,
+    baseline_term,
+    compute_losses,
+    loss_inputs,
+    make_optimizer,
+)
 from torchbeast_hydra.learning.settings import RewardClipping, RMSPropConfig, VtraceConfig
 
 GAMMA, BASELINE_COST, ENTROPY_COST = 0.9, 0.5, 0.01
@@ -884,3 +891,51 @@ def test_minibatches_of_steps_need_a_feed_forward_model_and_fit_the_batch():
     cfg = steps_cfg(minibatches=20, use_lstm=True)
     with pytest.raises(ConfigError, match="optim.minibatch_unit=steps needs a feed-forward model"):
         settings.check(cfg)
+
+
+def test_normalized_rewards_are_divided_by_the_return_std_and_clipped():
+    batch = tiny_batch(rewards=(0.0, 2.0, -50.0))
+    cfg = vtrace_cfg(normalize_rewards=True, reward_norm_clip=3.0, reward_scale=0.5)
+    inputs = loss_inputs(cfg, batch, tiny_outputs(), return_std=4.0)
+    # after reward_scale: 1.0 and -25.0; divided by 4: 0.25 and -6.25, clipped to -3
+    torch.testing.assert_close(inputs.rewards.flatten(), torch.tensor([0.25, -3.0]))
+    plain = loss_inputs(vtrace_cfg(reward_scale=0.5), batch, tiny_outputs(), return_std=4.0)
+    torch.testing.assert_close(plain.rewards.flatten(), torch.tensor([1.0, -25.0]))  # off: return_std unused
+
+
+def test_return_statistics_follow_the_targets_count_each_sample_once_and_survive_a_checkpoint():
+    cfg = learner_cfg(batch_size=4, unroll_length=5, total_steps=1000)
+    cfg.vtrace.normalize_rewards, cfg.vtrace.reward_clipping = True, "none"
+    cfg.optim.epochs, cfg.optim.minibatches = 3, 2
+    learner = make_learner(cfg)
+    assert learner.return_std() == pytest.approx(1.0)  # before any batch: rewards as they are
+    batch = learner_batch(cfg)
+    batch["reward"] *= 100.0  # returns of a few hundred: their spread is far from 1
+    stats = learner.update(batch, ())
+    assert learner.return_norm.count.item() == 4 * 5  # the batch's real steps, once over three epochs
+    std = float(learner.return_std())
+    assert std > 10 and stats["return_std"] == pytest.approx(std)
+    # The next batch's rewards are divided by it.
+    inputs = learner._unroll_inputs(batch, (), 1.0)
+    torch.testing.assert_close(inputs.rewards, (batch["reward"][1:] / std).clamp(-10, 10))
+    # A resumed learner divides by the same figure.
+    resumed = make_learner(cfg)
+    resumed.load_state_dict(copy.deepcopy(learner.state_dict()))
+    assert float(resumed.return_std()) == pytest.approx(std)
+    assert "return_norm" not in make_learner(learner_cfg()).state_dict()  # off: checkpoints as before
+
+
+def test_clipped_value_loss_takes_the_larger_error_of_the_value_and_the_clipped_one():
+    batch, outputs = tiny_batch(), tiny_outputs()
+    # The behaviour's values of x_0, x_1 (rows 1, 2), on the far side of the learner's from the targets
+    # (1.95, -0.06): moved at most 0.1 towards the learner's, they are further from the targets.
+    batch["baseline"] = torch.tensor([0.0, -1.0, 0.25]).unsqueeze(1)
+    plain = loss_inputs(vtrace_cfg(), batch, outputs)
+    clipped = loss_inputs(vtrace_cfg(value_clip=0.1), batch, outputs)
+    vs, values = plain.targets.vs.flatten().detach(), torch.tensor(VALUES[:2])
+    behaviour = torch.tensor([-1.0, 0.25])
+    moved = behaviour + (values - behaviour).clamp(-0.1, 0.1)
+    expected = 0.5 * torch.maximum((vs - values) ** 2, (vs - moved) ** 2).sum()
+    got = baseline_term(clipped)
+    torch.testing.assert_close(got, expected)
+    assert got.item() > baseline_term(plain).item()

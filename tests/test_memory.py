@@ -23,7 +23,7 @@ def estimate_for(*overrides):
 
 def test_what_the_estimate_counts():
     cfg, spec, model = estimate_for("env=pong")
-    assert memory.step_bytes(spec) == 4 * 84 * 84 + 4 + 1 + 4 + 4 + 8 + 1 + 8 + 4 * spec.actions.num_params + 4 + 1
+    assert memory.step_bytes(spec) == 4 * 84 * 84 + 4 + 1 + 4 + 4 + 8 + 1 + 8 + 4 * spec.actions.num_params + 4 + 8 + 1
     # atari_net on one frame: the float frame, then conv/relu/linear outputs (~0.3 MB)
     assert 0.25e6 < memory.activation_bytes(model, spec) < 0.35e6
     small = memory.estimate(cfg, spec, model)

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from torchbeast_hydra.backends.mono import actors
+from torchbeast_hydra.backends.mono import backend as mono_backend
 from torchbeast_hydra.run import checkpoint
 
 from helpers import REPO, TINY, actor_pids, cli_env, resume_refusal, rows, run_cli, running, start_cli, steps, wait_for
@@ -204,7 +204,7 @@ class Grants:
     """The learner's end of an actor's pipe: grants these buffers once, then says stop."""
 
     def __init__(self, buffers: list):
-        self.messages = [actors._encode(buffers), b""]
+        self.messages = [mono_backend._encode(buffers), b""]
         self.sent = []
 
     def recv_bytes(self) -> bytes:
@@ -223,12 +223,12 @@ def test_actors_write_each_steps_observation_even_when_the_envs_hand_back_new_ar
     spec = EnvSpec.box((4,), "uint8", 3)
     model = make_model({"_target_": "torchbeast_hydra.agent.models.MLPBody", "hidden_sizes": [8]}, spec)
     T, count = 5, 4
-    buffers, states = actors.create_buffers(spec, T, count), actors.create_state_buffers(model, count)
+    buffers, states = mono_backend.create_buffers(spec, T, count), mono_backend.create_state_buffers(model, count)
     envs = FreshArrays(spec, num_envs=2)
-    guard = actors.ObservationGuard(spec, "FreshArrays", limit=3e38, clip=False)
+    guard = mono_backend.ObservationGuard(spec, "FreshArrays", limit=3e38, clip=False)
     pipe = Grants([1, 3])
-    actors._act(envs, guard, T, model, buffers, states, pipe)
-    assert pipe.sent and pipe.sent[0].startswith(actors.REPORT)
+    mono_backend._act(envs, guard, T, model, buffers, states, pipe)
+    assert pipe.sent and pipe.sent[0].startswith(mono_backend.REPORT)
     for t in range(T + 1):
         assert (buffers["frame"][t, [1, 3]] == t).all(), t
     assert (buffers["frame"][:, [0, 2]] == 0).all()  # buffers not granted are left alone
@@ -244,10 +244,10 @@ def test_actors_acting_in_bf16_write_fp32_logits_and_see_each_new_weight():
     torch.manual_seed(0)
     model = make_model({"_target_": "torchbeast_hydra.agent.models.MLPBody", "hidden_sizes": [8]}, spec)
     T, count = 3, 4
-    buffers, states = actors.create_buffers(spec, T, count), actors.create_state_buffers(model, count)
-    guard = actors.ObservationGuard(spec, "FreshArrays", limit=3e38, clip=False)
+    buffers, states = mono_backend.create_buffers(spec, T, count), mono_backend.create_state_buffers(model, count)
+    guard = mono_backend.ObservationGuard(spec, "FreshArrays", limit=3e38, clip=False)
     pipe = Grants([0, 1])
-    pipe.messages.insert(1, actors._encode([2, 3]))
+    pipe.messages.insert(1, mono_backend._encode([2, 3]))
     grant = pipe.recv_bytes
 
     def new_weights_before_the_second_grant() -> bytes:
@@ -258,7 +258,7 @@ def test_actors_acting_in_bf16_write_fp32_logits_and_see_each_new_weight():
         return grant()
 
     pipe.recv_bytes = new_weights_before_the_second_grant
-    actors._act(FreshArrays(spec, num_envs=2), guard, T, model, buffers, states, pipe, bf16=True)
+    mono_backend._act(FreshArrays(spec, num_envs=2), guard, T, model, buffers, states, pipe, bf16=True)
     logits = buffers["policy_logits"]
     assert logits.dtype == torch.float32 and len(pipe.sent) == 2
     assert (logits[1:, [0, 1]] != 0).any()  # the first unroll, with the first weights
@@ -328,7 +328,7 @@ def test_test_mode_without_checkpoint_fails_clearly(tmp_path):
 
 
 def test_gather_copies_the_chosen_buffers_in_time_major_order():
-    from torchbeast_hydra.backends.mono.actors import gather
+    from torchbeast_hydra.backends.mono.backend import gather
 
     buffers = torch.arange(3 * 5 * 2).view(3, 5, 2)
     batch = gather(buffers, torch.tensor([4, 1]), pin=False)

@@ -13,7 +13,7 @@ from torchbeast_hydra.agent.encoders import MultiBody, NetHackBody
 from torchbeast_hydra.agent.models import make_model
 from torchbeast_hydra.agent.settings import MultiConfig, NetHackConfig
 from torchbeast_hydra.backends import memory
-from torchbeast_hydra.backends.mono.actors import BadObservation, ObservationGuard
+from torchbeast_hydra.backends.mono.backend import BadObservation, ObservationGuard
 from torchbeast_hydra.backends.poly import wire
 from torchbeast_hydra.env import layout
 from torchbeast_hydra.env.settings import EnvConfig

@@ -295,25 +295,26 @@ def test_a_population_replaces_a_member_that_cannot_learn_and_mode_test_plays_it
     sweep = tmp_path / "sweep"
     result = run_sweep(
         sweep,
-        *MEMBER,
+        *MEMBER[len(SMALL) :],  # experiment=cartpole's batches: fewer updates than SMALL's, and it learns sooner
+        *SMALL[-2:],
         "pbt.population=4",
-        "total_steps=24000",
-        "pbt.interval_steps=8000",
+        "total_steps=40000",
+        "pbt.interval_steps=10000",
         "pbt.mutate.optim.learning_rate.start=[0.003,0.003,0.003,1e-7]",
-        timeout=900,
+        timeout=1800,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = population.read_table(sweep / "pbt")
     mine = [row for row in rows if row["member"] == 3]
     assert mine[0]["event"] == "start" and mine[0]["optim.learning_rate"] == 1e-7
     exploit = next(row for row in mine if row["event"] == "exploit")
-    assert exploit["exploited_from"] in (0, 1, 2) and exploit["step"] <= 8200
-    assert 0.003 * 0.8 - 1e-9 <= exploit["optim.learning_rate"] <= 0.003 * 1.25 + 1e-9  # the copy's, perturbed
+    assert exploit["exploited_from"] in (0, 1, 2) and exploit["step"] <= 10200
+    assert 1e-4 <= exploit["optim.learning_rate"] <= 0.01  # the copied (perturbed) rate, not 1e-7
     scores = [row["score"] for row in mine if row["event"] == "publish"]
-    assert scores[-1] > max(35.0, 1.5 * scores[0]), scores  # it learns after the copy (random play: ~22)
-    for member in range(4):  # every member published every interval, and its checkpoint is whole
-        assert [r["step"] for r in rows if r["member"] == member and r["event"] == "publish"][-1] >= 24000
-        assert checkpoint.load(population.published_path(sweep / "pbt", member))["step"] >= 24000
+    assert scores[-1] > max(40.0, 1.5 * scores[0]), scores  # it learns after the copy (random play: ~22)
+    for member in range(4):  # every member published to the end, and its checkpoint is whole
+        assert [r["step"] for r in rows if r["member"] == member and r["event"] == "publish"][-1] >= 40000
+        assert checkpoint.load(population.published_path(sweep / "pbt", member))["step"] >= 40000
     best, _ = population.best_member(sweep / "pbt")
     tested = run_cli(tmp_path / "test", "mode=test", f"load_dir={sweep / 'pbt'}", "test.num_episodes=2", *SMALL[-1:])
     assert f"Playing the population's best member, {best}" in tested.stdout + tested.stderr

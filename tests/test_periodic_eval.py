@@ -1,4 +1,4 @@
-"""Evaluation during training (run/periodic_eval.py): rows at the interval while training goes on,
+"""Evaluation during training (evaluation/periodic.py): rows at the interval while training goes on,
 on envs whose seeds no training env has, a final one, and the sweeper's objective read from them."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import torch
 
 from torchbeast_hydra.__main__ import final_return
 from torchbeast_hydra.agent.models import make_model
+from torchbeast_hydra.evaluation.evaluate import figures
+from torchbeast_hydra.evaluation.periodic import Evaluations
 from torchbeast_hydra.logs.metrics import CsvLog, RecentReturns, read_rows, target_met
-from torchbeast_hydra.run.evaluate import figures
-from torchbeast_hydra.run.periodic_eval import Evaluations
 from torchbeast_hydra.run.seeding import EVAL_SEED_BASE, actor_seed, eval_seed
 
 from helpers import TINY, compose_config, run_cli
@@ -198,7 +198,7 @@ def test_an_evaluation_that_meets_the_target_is_confirmed_by_the_next_at_once(tm
     write_scores(evals, (1000, 9.0))  # met, not yet confirmed: the next starts at once, not at 2000
     assert evals.target_reached is None
     evals._in_flight = 1000  # ...once the one playing has ended: meanwhile, no request and no "skipped"
-    with caplog.at_level(logging.INFO, logger="torchbeast_hydra.run.periodic_eval"):
+    with caplog.at_level(logging.INFO, logger="torchbeast_hydra.evaluation.periodic"):
         evals.maybe_start(1050, lambda: (1050, "snapshot"))
     assert [step for step, _ in requested] == [1000] and "skipped" not in caplog.text
     evals._in_flight = None

@@ -51,6 +51,23 @@ def test_role_all_trains_logs_checkpoints_and_test_mode_plays_it(tmp_path, trans
     assert "Mean return over 2 episodes" in played.stdout
 
 
+@pytest.mark.parametrize("transport", ["shared_memory", "grpc"])
+def test_role_all_with_two_server_shards_trains_and_finishes(tmp_path, transport):
+    run_dir = tmp_path / "run"
+    result = run_cli(run_dir, *POLY_TINY, f"backend.local_transport={transport}", "backend.server_shards=2")
+    logged = rows(run_dir)
+    assert int(logged[-1]["step"]) >= 2560
+    assert steps(run_dir) == sorted(set(steps(run_dir)))
+    assert max(int(row["connected_clients"]) for row in logged) == 2
+    assert any(row["server_us_per_step"] for row in logged)
+    output = result.stderr + result.stdout
+    assert "in 2 shard processes" in output
+    if transport == "grpc":
+        assert output.count(" connected from ") == 2
+    else:  # one client in each shard
+        assert "[shard 0][INFO] - Client" in output and "[shard 1][INFO] - Client" in output
+
+
 def test_killed_client_leaves_partial_rollouts_and_the_run_finishes(tmp_path):
     run_dir = tmp_path / "run"
     log_file = run_dir / "torchbeast.log"

@@ -31,7 +31,12 @@ class Policy:
     def __call__(self, inputs: dict) -> dict:
         n = inputs["frame"].shape[0]
         params = torch.cat([torch.full((n, 2), self.mean), torch.zeros(n, 2)], dim=1)
-        return dict(action=distribution(BOX).sample(params), policy_logits=params, baseline=torch.zeros(n))
+        return dict(
+            action=distribution(BOX).sample(params),
+            policy_logits=params,
+            baseline=torch.zeros(n),
+            policy_version=torch.zeros(n, dtype=torch.int64),
+        )
 
 
 @pytest.fixture

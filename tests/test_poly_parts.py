@@ -295,6 +295,7 @@ class Steps:
                 action=np.full(self.n, self.t % 2),
                 baseline=out["frame"][:, 0],
                 policy_logits=np.zeros((self.n, 2), np.float32),
+                policy_version=np.full(self.n, self.t),
             )
         )
         self.t += 1

@@ -10,9 +10,9 @@ import pytest
 import yaml
 from matplotlib.figure import Figure
 
-from torchbeast_hydra.logs import report, runs, scores
+from torchbeast_hydra.evaluation.evaluate import EVAL_FIGURES
+from torchbeast_hydra.logs import measures, report, runs, scores
 from torchbeast_hydra.logs.sweep_record import is_run_control
-from torchbeast_hydra.run.evaluate import EVAL_FIGURES
 
 from helpers import assert_real_image, run_command, write_run
 
@@ -75,25 +75,33 @@ def test_report_writes_curves_tables_and_aggregates_with_the_right_numbers(sweep
     assert (pong["reached"], pong["steps_to_target"]) == (1, 2000)  # seed 1 at 2,000; seed 2 never
     assert pong["wall_s"] == 30.0 and pong["sps"] == 100.0
 
-    # Normalised finals: Pong 1.0, 0.5; HalfCheetah 0.0, 1.0.
+    # Normalised finals: Pong 1.0, 0.5 (by human: an anchor, against our final score). CleanRL's
+    # HalfCheetah figure is the last 100 training episodes at 1M steps: these 3,000-step runs are
+    # short of it, so HalfCheetah is not compared (test_the_peers_measure_... compares it).
     (aggregate,) = pd.read_csv(written["aggregates_csv"]).to_dict("records")
-    assert (aggregate["tasks"], aggregate["runs"]) == (2, 4)
-    assert aggregate["IQM"] == pytest.approx(0.75)  # the middle two of 0, 0.5, 1, 1
-    assert aggregate["median"] == pytest.approx(0.625)  # of the task means 0.75 and 0.5
-    assert aggregate["mean"] == pytest.approx(0.625)
-    assert aggregate["optimality gap"] == pytest.approx(0.375)  # Pong (0 + 0.5) / 2, HalfCheetah (1 + 0) / 2
-    expected = scores.aggregate_intervals(
-        {"pong": [1.0, 0.5], "cheetah": [0.0, 1.0]}, reps=2000, seed=0
-    )  # the same replicates, task by task
+    assert (aggregate["tasks"], aggregate["runs"]) == (1, 2)
+    assert aggregate["IQM"] == aggregate["mean"] == pytest.approx(0.75)
+    assert aggregate["optimality gap"] == pytest.approx(0.25)
+    expected = scores.aggregate_intervals({"pong": [1.0, 0.5]}, reps=2000, seed=0)
     assert (aggregate["IQM_low"], aggregate["IQM_high"]) == pytest.approx(expected["IQM"][1:])
 
     text = written["report"].read_text()
     assert "Score: evaluation return" in text
     assert "![ALE/Pong-v5](curve_ALE_Pong-v5.png)" in text and "![performance profile](performance_profile.png)" in text
-    assert "| steps to 0 |" in text and "2,000 (1/2 seeds)" in text
-    assert "| all runs | 2 | 4 | 0.750 [" in text
-    assert "ALE/Pong-v5 by human" in text and "HalfCheetah-v5 by CleanRL PPO" in text
-    assert "- Cleanba IMPALA: 19.1 at 50,000,000 steps (vwxyzjn/cleanba" in text  # a reference and its source
+    assert "| steps to 0 |" in text and "2,000 (1/2 seeds); the others' best: -3.05" in text
+    assert "| all runs | 1 | 2 | 0.750 [" in text
+    assert "ALE/Pong-v5 by human (the final score)" in text
+    assert "HalfCheetah-v5 (2 of 2 runs short of CleanRL PPO's budget, 1,000,000 steps: not comparable)" in text
+    # Two seeds: their range, said to be one; the peers' measure beside our evaluation.
+    assert "| all runs | 2 | 5.78 (range -3.05 to 14.6) |" in text
+    assert "last 100 training episodes at 1,000,000 steps" in text
+    # A reference, its measure, env, budget and source, and whether it compares.
+    assert (
+        "- Cleanba IMPALA: 19.1, measured otherwise (Cleanba's 57-game table: sticky actions 0.25 and the full "
+        "action space, which episodes it averages not read here), on envpool Pong-v5, at 50,000,000 steps; "
+        "shown, not compared" in text
+    )
+    assert "- human: 14.6, a human's score; an anchor" in text
     assert "logger." not in text and "checkpoint_interval_s" not in text
 
 
@@ -173,7 +181,8 @@ def test_normalisation_reads_the_data_file(sweep, tmp_path):
     data = yaml.safe_load(report.BASELINES.read_text())
     # Another random score and reference for Pong: finals 14.6 and -3.05 normalise to 1.0 and 3.05 / 20.7...
     data["ALE/Pong-v5"].update(
-        random=dict(score=-3.05 * 2, source="test"), references=[dict(name="mine", score=14.6, source="test")]
+        random=dict(score=-3.05 * 2, source="test"),
+        references=[dict(name="mine", score=14.6, measure="bound", source="test")],
     )
     data["ALE/Pong-v5"]["normalise_by"] = "mine"
     del data["HalfCheetah-v5"]  # ...and HalfCheetah without any: it is left out, and said so
@@ -184,7 +193,9 @@ def test_normalisation_reads_the_data_file(sweep, tmp_path):
     normalised = [(14.6 + 6.1) / (14.6 + 6.1), (-3.05 + 6.1) / (14.6 + 6.1)]
     assert aggregate["tasks"] == 1 and aggregate["mean"] == pytest.approx(sum(normalised) / 2)
     text = written["report"].read_text()
-    assert "ALE/Pong-v5 by mine" in text and "Left out: HalfCheetah-v5 (not in baselines.yaml)." in text
+    assert (
+        "ALE/Pong-v5 by mine (the final score)" in text and "Left out: HalfCheetah-v5 (not in baselines.yaml)." in text
+    )
     # Kept with its runs, the report keeps its baselines too, and the command that draws it again uses them.
     options = report.Options(baselines=path, reps=200, targets={"": 1 / 3}, keep_runs=True)
     kept = report.write_report([sweep], tmp_path / "kept", options)
@@ -214,6 +225,27 @@ def test_the_packaged_baselines_say_where_each_number_was_read():
             assert {"name", "score", "source"} <= set(reference) and reference["source"], task
         if baseline.normalise_by is not None:
             assert baseline.normaliser() is not None, f"{task}: normalise_by names no reference"
+    for task, baseline in baselines.items():
+        for reference in baseline.references:
+            measure = measures.measure_of(reference)  # every reference says how it was measured
+            if measure == "train_last_100":
+                assert reference["steps"] and reference["seeds"], task
+    # CleanRL measured on v4: HalfCheetah-v5 keeps v4's rewards and dynamics, Hopper/Walker2d/Ant-v5 do not.
+    for task, comparable in [
+        ("HalfCheetah-v5", True),
+        ("Hopper-v5", False),
+        ("Walker2d-v5", False),
+        ("Hopper-v4", True),
+    ]:
+        cleanrl = baselines[task].normaliser()
+        assert (baselines[task].why_not_comparable(cleanrl, task) is None) == comparable, task
+    # The classic suite's tasks have a random score and a reference: the report gives them an IQM.
+    # Normalised by the solved level (a bound: any budget), CleanRL's 500k-step figure beside it.
+    for task, solved, cleanrl in [("CartPole-v1", 475.0, 490.04), ("Acrobot-v1", -100.0, -86.36)]:
+        assert baselines[task].random["score"] < solved == baselines[task].normaliser()["score"]
+        assert baselines[task].peer_budget() == 500_000
+        assert {r["name"]: r["score"] for r in baselines[task].references}["CleanRL PPO"] == cleanrl
+    assert baselines["MountainCar-v0"].normaliser()["name"] == "solved"
 
 
 def test_the_command_writes_the_report(sweep, tmp_path):
@@ -331,3 +363,97 @@ def test_a_report_keeps_its_runs_and_is_drawn_again_from_them_alone(sweep, tmp_p
         pd.testing.assert_frame_equal(pd.read_csv(first[name]), pd.read_csv(again[name]))
     best = pd.read_csv(again["tasks_csv"]).set_index("task").loc["ALE/Pong-v5", "best"]
     assert best == pytest.approx((21.0 - 3.05) / 2)  # seed 1's test-mode evaluation came along
+
+
+def test_the_peers_measure_is_the_last_100_training_episodes_by_the_budget():
+    # Updates at 1,000 steps each; episode returns as they ended.
+    train = pd.DataFrame(
+        dict(step=[1000, 2000, 3000, 4000], episode_returns=[[1.0] * 60, [2.0] * 30, [3.0] * 30, [9.0]])
+    )
+    figure = measures.last_episodes_mean(train, budget=2500)  # the update at 3,000 is the first past 2,500
+    assert figure == (pytest.approx((40 * 1.0 + 30 * 2.0 + 30 * 3.0) / 100), 3000, 100)
+    assert measures.last_episodes_mean(train, budget=1000) == (1.0, 1000, 60)  # fewer than 100: all there are
+    assert measures.last_episodes_mean(train, budget=4001) is None  # never reached the budget
+
+
+def test_few_seeds_get_their_range_and_five_an_interval():
+    assert measures.spread([2.0], reps=500, seed=0) == (2.0, 2.0, 2.0, "one seed")
+    three = measures.spread([1.0, 5.0, 3.0], reps=500, seed=0)
+    assert three == (3.0, 1.0, 5.0, "range")
+    five = measures.spread([1.0, 2.0, 3.0, 4.0, 5.0], reps=2000, seed=0)
+    assert five.kind == "95% interval" and 1.0 < five.low < 3.0 < five.high < 5.0
+
+
+def test_a_peer_reference_is_compared_on_its_measure_only_where_the_env_matches(tmp_path):
+    """Runs whose training episodes return the seed (1.0, 2.0) on Hopper-v5 and HalfCheetah-v5
+    against a v4 figure at their budget: HalfCheetah (same dynamics) is compared on the peers'
+    measure, Hopper (another version) is said not to be comparable."""
+    sweep = tmp_path / "sweep"
+    for job, (option, env_id, seed) in enumerate(
+        [(o, e, s) for o, e in [("mujoco", "HalfCheetah-v5"), ("mujoco", "Hopper-v5")] for s in (1, 2)]
+    ):
+        write_job(sweep / str(job), option, env_id, seed, [0.0, 0.0, 0.0])
+    data = yaml.safe_load(report.BASELINES.read_text())
+    for task in ("HalfCheetah-v5", "Hopper-v5"):
+        data[task]["random"]["score"] = 0.0
+        (cleanrl,) = [r for r in data[task]["references"] if r["name"] == "CleanRL PPO"]
+        cleanrl.update(score=4.0, steps=2500)
+    path = tmp_path / "baselines.yaml"
+    path.write_text(yaml.safe_dump(data))
+    written = report.write_report([sweep], tmp_path / "out", report.Options(baselines=path, reps=200))
+    (aggregate,) = pd.read_csv(written["aggregates_csv"]).to_dict("records")
+    # The peers' measure at 2,500 steps (the update at 3,000): seed 1's episodes return 1, seed 2's 2.
+    assert aggregate["tasks"] == 1 and aggregate["mean"] == pytest.approx((1.0 / 4 + 2.0 / 4) / 2)
+    text = written["report"].read_text()
+    assert "HalfCheetah-v5 by CleanRL PPO (the last 100 training episodes at 2,500 steps)" in text
+    assert "Hopper-v5 (CleanRL PPO: measured on Hopper-v4, these runs are on Hopper-v5" in text
+    tasks = pd.read_csv(written["tasks_csv"]).set_index("task")
+    assert (
+        tasks.loc["HalfCheetah-v5", "peer"] == pytest.approx(1.5) and tasks.loc["HalfCheetah-v5", "spread"] == "range"
+    )
+
+
+def test_a_seed_short_of_the_budget_is_counted_and_keeps_the_task_out_of_the_aggregate(tmp_path):
+    """Censoring: a run that never reached the reference's budget has no peers' figure; the table says
+    how many seeds reached it, and the task is not normalised on a subset of its seeds."""
+    sweep = tmp_path / "sweep"
+    for seed in (1, 2):
+        write_job(sweep / str(seed), "mujoco", "HalfCheetah-v5", seed, [0.0, 0.0, 0.0])
+    short = sweep / "3"
+    write_run(
+        short,
+        ["env=mujoco", "seed=3"],
+        3,
+        [(1000, [3.0], 0.5), (2000, [3.0], 0.5)],
+        config=dict(env=dict(id="HalfCheetah-v5")),
+        choices=dict(env="mujoco"),
+        steps_per_s=100.0,
+    )
+    data = yaml.safe_load(report.BASELINES.read_text())
+    (cleanrl,) = [r for r in data["HalfCheetah-v5"]["references"] if r["name"] == "CleanRL PPO"]
+    cleanrl.update(steps=2500)
+    path = tmp_path / "baselines.yaml"
+    path.write_text(yaml.safe_dump(data))
+    written = report.write_report([sweep], tmp_path / "out", report.Options(baselines=path, metric="train", reps=200))
+    tasks = pd.read_csv(written["tasks_csv"]).set_index("task")
+    assert tasks.loc["HalfCheetah-v5", "peer_seeds"] == 2 and tasks.loc["HalfCheetah-v5", "peer"] == pytest.approx(1.5)
+    text = written["report"].read_text()
+    assert "1.50 (range 1.00 to 2.00) (2/3 seeds reached the budget)" in text
+    assert "HalfCheetah-v5 (1 of 3 runs short of CleanRL PPO's budget, 2,500 steps: not comparable)" in text
+    assert "No task has both a random score and a comparable reference" in text
+
+
+def test_runs_meant_to_stop_before_the_references_budget_get_the_peers_measure_at_their_own(tmp_path):
+    """A 3,000-step suite beside CleanRL's 1M-step figure: each run's last 100 training episodes at
+    its own total_steps are shown, and not set against the 1M-step figure."""
+    sweep = tmp_path / "sweep"
+    for seed in (1, 2):
+        write_job(sweep / str(seed), "mujoco", "HalfCheetah-v5", seed, [0.0, 0.0, 0.0], config=dict(total_steps=3000))
+    written = report.write_report([sweep], tmp_path / "out", report.Options(reps=200))
+    tasks = pd.read_csv(written["tasks_csv"]).set_index("task")
+    assert (
+        tasks.loc["HalfCheetah-v5", "peer"] == pytest.approx(1.5) and tasks.loc["HalfCheetah-v5", "peer_budget"] == 3000
+    )
+    text = written["report"].read_text()
+    assert "last 100 training episodes at 3,000 steps" in text
+    assert "HalfCheetah-v5 (2 of 2 runs short of CleanRL PPO's budget, 1,000,000 steps: not comparable)" in text

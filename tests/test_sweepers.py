@@ -10,8 +10,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from torchbeast_hydra.__main__ import CONFIG_DIR, run
+from torchbeast_hydra.evaluation import evaluate
 from torchbeast_hydra.logs.metrics import read_rows
-from torchbeast_hydra.run import evaluate
 
 from helpers import TINY, run_sweep
 

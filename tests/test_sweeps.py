@@ -5,8 +5,8 @@ import signal
 import pytest
 from omegaconf import OmegaConf
 
+from torchbeast_hydra.launch.jobs import RecordSweepOverrides, job_subdir
 from torchbeast_hydra.run import checkpoint
-from torchbeast_hydra.run.launch import RecordSweepOverrides, job_subdir
 
 from helpers import cli_env, rows, run_sweep, start_cli, steps, wait_for
 

@@ -6,9 +6,9 @@ import logging
 import pytest
 import torch
 
+from torchbeast_hydra.backends.loop import Backend
 from torchbeast_hydra.run import thread_trial
 from torchbeast_hydra.run.thread_trial import ThreadTrial
-from torchbeast_hydra.run.training import Backend
 
 
 class Clock:

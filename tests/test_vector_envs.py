@@ -4,9 +4,11 @@ semantics (done on a lost life, whole-game returns), and only where it reproduce
 import numpy as np
 import pytest
 
-from torchbeast_hydra.env.native import AtariVectorEnvs, GymnasiumEnvs, ale_game, envs_maker, vector_env_applies
-from torchbeast_hydra.env.settings import AtariEnvConfig, EnvConfig
+from torchbeast_hydra.env.engines import envs_maker
+from torchbeast_hydra.env.native import AtariVectorEnvs, GymnasiumEnvs, ale_game, vector_env_applies
+from torchbeast_hydra.env.settings import AtariEnvConfig, Engine, EnvConfig
 from torchbeast_hydra.env.vector import Environments
+from torchbeast_hydra.errors import ConfigError
 
 
 def test_game_names_follow_ale_py():
@@ -25,9 +27,15 @@ def test_game_names_follow_ale_py():
     ],
 )
 def test_the_native_env_is_used_only_where_it_reproduces_ours(env_id, episodic_life, applies):
-    cfg = AtariEnvConfig(id=env_id, episodic_life=episodic_life)
+    cfg = AtariEnvConfig(id=env_id, episodic_life=episodic_life, engine=Engine.native)
     assert vector_env_applies(cfg) is applies
-    assert isinstance(envs_maker(cfg), AtariVectorEnvs if applies else GymnasiumEnvs)
+    if applies:
+        assert isinstance(envs_maker(cfg), AtariVectorEnvs)
+    else:
+        with pytest.raises(ConfigError, match="env.engine=native: "):
+            envs_maker(cfg)
+        cfg.engine = Engine.gymnasium
+        assert isinstance(envs_maker(cfg), GymnasiumEnvs)
 
 
 def test_outputs_match_environments_in_keys_shapes_and_dtypes():

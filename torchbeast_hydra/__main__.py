@@ -17,20 +17,20 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from torchbeast_hydra.backends import memory
-from torchbeast_hydra.backends.poly.settings import PolyRole
+from torchbeast_hydra.backends import memory, registry
 from torchbeast_hydra.config import Mode, check_overrides, register_configs, validate
 from torchbeast_hydra.env import families
 from torchbeast_hydra.errors import ConfigError
+from torchbeast_hydra.evaluation.settings import EvalObjective
+from torchbeast_hydra.launch import distributed
+from torchbeast_hydra.launch.jobs import LaunchError, check_launcher_plugin, hand_over, register_resolvers
 from torchbeast_hydra.learning.learner import NonFiniteUpdate
 from torchbeast_hydra.logs.metrics import RecentReturns, read_rows
 from torchbeast_hydra.pbt import member as pbt
 from torchbeast_hydra.pbt import population
-from torchbeast_hydra.run import checkpoint, distributed
+from torchbeast_hydra.run import checkpoint
 from torchbeast_hydra.run.checkpoint import CheckpointError
 from torchbeast_hydra.run.devices import resolve_device
-from torchbeast_hydra.run.launch import LaunchError, check_launcher_plugin, hand_over, register_resolvers
-from torchbeast_hydra.run.settings import EvalObjective
 from torchbeast_hydra.run.training_run import RunDirError
 
 log = logging.getLogger("torchbeast_hydra")
@@ -143,14 +143,15 @@ def run(cfg: DictConfig) -> float:
     cfg = validate(cfg)  # the resolved copy: auto sizes filled in
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     if Mode(cfg.mode) is Mode.test:
-        from torchbeast_hydra.run.evaluate import evaluate_all
+        from torchbeast_hydra.evaluation.evaluate import evaluate_all
 
         results = evaluate_all(cfg, trained_run_dir(cfg, run_dir), run_dir)
         return sum(result["mean_return"] for result in results) / len(results)
 
     spec = probe_env(cfg.env)  # an unknown env id fails here, before any process starts
     model = make_model(cfg.model, spec)  # and so does a model that does not fit the env
-    learns = not (cfg.backend.name == "poly" and PolyRole(cfg.backend.role) is PolyRole.env)
+    backend = registry.get(cfg.backend.name)
+    learns = backend.learns(cfg.backend)
     several = learns and distributed.wanted(cfg)  # data-parallel ranks; one rank takes none of their paths
     if several and distributed.is_follower():  # before its first line: under SLURM every task opened the log
         distributed.quiet_follower()
@@ -164,25 +165,21 @@ def run(cfg: DictConfig) -> float:
     if ranks is None or ranks.is_main:
         write_run_info(run_dir)
 
-    if cfg.backend.name == "poly":
-        from torchbeast_hydra.backends.poly import backend
-
-        if PolyRole(cfg.backend.role) is PolyRole.env:  # env clients only: no learner, no run state
-            sys.exit(backend.run_env_clients(cfg))
-    else:
-        from torchbeast_hydra.backends.mono import actors as backend
+    if not learns:  # e.g. poly's env clients alone: no learner, no run state
+        sys.exit(backend.run_without_learner(cfg))
+    from torchbeast_hydra.evaluation.periodic import Evaluations
     from torchbeast_hydra.run.training_run import TrainingRun
 
-    training_run = TrainingRun(cfg, run_dir, spec, ranks)
+    training_run = TrainingRun(cfg, run_dir, spec, ranks, evaluations=Evaluations)
     member = pbt.join(cfg, training_run)  # a population's member: its hyperparameters change as it trains
     with distributed.running(ranks, spawned) if ranks is not None else contextlib.nullcontext():
         try:
-            backend.train(cfg, training_run)
+            backend.load().train(cfg, training_run)
             if member is not None:
                 member.finish()
         finally:
             training_run.close()
-    if not training_run.complete:  # stopped early: under submitit, requeue (see launch.py)
+    if not training_run.complete:  # stopped early: under submitit, requeue (see launch/jobs.py)
         hand_over(training_run.stopped_by)
     return final_return(training_run)
 

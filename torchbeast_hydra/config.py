@@ -35,11 +35,8 @@ from torchbeast_hydra.agent.settings import (
     NetHackConfig,
     ResNetConfig,
 )
+from torchbeast_hydra.backends import registry
 from torchbeast_hydra.backends import settings as backend_settings
-from torchbeast_hydra.backends.mono import settings as mono_settings
-from torchbeast_hydra.backends.mono.settings import MonoConfig
-from torchbeast_hydra.backends.poly import settings as poly_settings
-from torchbeast_hydra.backends.poly.settings import PolyConfig
 from torchbeast_hydra.env import settings as env_settings
 from torchbeast_hydra.env.settings import (
     AtariEnvConfig,
@@ -49,6 +46,10 @@ from torchbeast_hydra.env.settings import (
     NetHackEnvConfig,
 )
 from torchbeast_hydra.errors import ConfigError, require
+from torchbeast_hydra.evaluation import settings as evaluation_settings
+from torchbeast_hydra.evaluation.settings import EvalConfig, TestConfig
+from torchbeast_hydra.launch import settings as launch_settings
+from torchbeast_hydra.launch.settings import DistributedConfig
 from torchbeast_hydra.learning import settings as learning_settings
 from torchbeast_hydra.learning.settings import AccelConfig, AdamConfig, RMSPropConfig, VtraceConfig
 from torchbeast_hydra.logs import settings as logs_settings
@@ -56,7 +57,6 @@ from torchbeast_hydra.logs.settings import LoggerConfig
 from torchbeast_hydra.pbt import settings as pbt_settings
 from torchbeast_hydra.pbt.settings import KeyMutation, PbtConfig
 from torchbeast_hydra.run import settings as run_settings
-from torchbeast_hydra.run.settings import DistributedConfig, EvalConfig, TestConfig
 
 
 class Mode(enum.Enum):
@@ -75,7 +75,7 @@ class Config:
     test: TestConfig = field(default_factory=TestConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     accel: AccelConfig = field(default_factory=AccelConfig)
-    distributed: DistributedConfig = field(default_factory=DistributedConfig)  # ranks beyond one: run/distributed.py
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)  # ranks beyond one: launch/distributed.py
     pbt: PbtConfig = field(default_factory=PbtConfig)  # population-based training: pbt/, docs/pbt.md
 
     mode: Mode = Mode.train  # train | test
@@ -111,7 +111,7 @@ SCHEMAS = {
     ),
     "vtrace": dict(base_vtrace=VtraceConfig),
     "optim": dict(base_rmsprop=RMSPropConfig, base_adam=AdamConfig),
-    "backend": dict(base_mono=MonoConfig, base_poly=PolyConfig),
+    "backend": {f"base_{name}": kind.schema for name, kind in registry.BACKENDS.items()},
     "pbt": dict(base_pbt=PbtConfig, base_key_mutation=KeyMutation),  # conf/pbt/ sets the root's pbt (global)
 }
 SCHEMA_PREFIX = "base_"
@@ -133,9 +133,10 @@ CHECKS = (
     learning_settings.check,
     logs_settings.check,
     backend_settings.check,
+    evaluation_settings.check,
+    launch_settings.check,
     pbt_settings.check,
 )
-BACKEND_CHECKS = {"mono": mono_settings.check, "poly": poly_settings.check}
 
 
 # Config's fields typed Any: a plain dict there (from a YAML file that extends no schema) is
@@ -205,13 +206,12 @@ def validate(cfg: DictConfig) -> DictConfig:
     check_keys(cfg)
     resolved = copy.deepcopy(cfg)
     OmegaConf.set_readonly(resolved, False)
-    backend = resolved.backend
-    if backend.num_actors >= 0 and backend.envs_per_actor >= 0:
-        backend_settings.resolve_auto(backend)
+    backend = registry.get(resolved.backend.name)
+    if resolved.backend.num_actors >= 0 and resolved.backend.envs_per_actor >= 0:
+        backend_settings.resolve_auto(resolved.backend, backend.auto_actors)
     for check in CHECKS:
         check(resolved)
-    if backend.name in BACKEND_CHECKS:
-        BACKEND_CHECKS[backend.name](resolved)
+    backend.check(resolved)
     return resolved
 
 

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The GPU throughput figures of docs/performance.md#measured-on-a-gpu-machine in one go, from the
 # repo root of a GPU machine with PyTorch (about 7 minutes on 16 cores): mono and poly with 8 and 15
-# actor processes, and poly at 15 with central inference's cap raised from 64 envs a batch to 256.
+# actor processes (poly's server in backend.server_shards=0's processes: one per 4 cores), poly at 15
+# with its server in the learner's one process (server_shards=1), and poly at 15 with central
+# inference's cap raised from 64 envs a batch to 256; first the raw env rate of each engine
+# (env.engine) on every core, a process a core (~30 s).
 # Wheels in .whl/ (scripts/gpu/wheels.sh, for a machine with no package index) are installed first.
 #   scripts/gpu/figures.sh                        # writes $OUT/figures.txt (default benchmarks/results/gpu)
 #   ACTORS="2" SECONDS_EACH=10 scripts/gpu/figures.sh   # a quick try, on any machine
@@ -17,6 +20,8 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
 fi
+# EnvPool unpacked and trimmed to travel (scripts/gpu/envpool_site.sh), where it came along.
+if [ -d .devsite ]; then export PYTHONPATH="$PWD/.devsite${PYTHONPATH:+:$PYTHONPATH}"; fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 python3 - <<'PY' 2>&1 | tee "$log"
 import os, torch
@@ -28,8 +33,12 @@ measure() {  # a title, then the throughput benchmark's arguments
   shift
   python3 benchmarks/throughput.py train --warmup "$WARMUP" --seconds "$SECONDS_EACH" "$@" logger.wandb.mode=disabled 2>&1 | tee -a "$log"
 }
+echo -e "\n== raw env rate, Pong, a process a core" | tee -a "$log"
+python3 benchmarks/throughput.py envs --ids ALE/Pong-v5 --processes "$(nproc)" --seconds 3 --rounds 1 2>&1 \
+  | grep -v "A.L.E\|Stella" | tee -a "$log"
 for actors in $ACTORS; do
   measure "$actors actors" --backends mono poly "backend.num_actors=$actors"
 done
 last=${ACTORS##* }
+measure "poly, $last actors, backend.server_shards=1 (the server in the learner's process)" --backends poly "backend.num_actors=$last" backend.server_shards=1
 measure "poly, $last actors, backend.max_batch_size=256" --backends poly "backend.num_actors=$last" backend.max_batch_size=256

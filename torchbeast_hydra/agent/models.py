@@ -198,6 +198,11 @@ class RunningNorm(nn.Module):
         std = torch.sqrt(self.var + self.epsilon).to(x.dtype)
         return ((x - self.mean.to(x.dtype)) / std).clamp(-self.clip, self.clip)
 
+    def observe(self, x: torch.Tensor) -> None:
+        """Merges rows [N, size] into the statistics (unless frozen), outside a forward pass."""
+        if not self.frozen and len(x):
+            self._update(x.detach().double())
+
     @torch.no_grad()
     def _update(self, x: torch.Tensor) -> None:
         """Merges the batch's moments into the running ones (Chan et al.'s parallel algorithm)."""

@@ -1,9 +1,9 @@
 """How much memory a config needs, checked against the machine before any process starts.
 
-The estimate adds up what grows with the config: the rollout storage (mono's shared buffers,
-poly's learner queue and unrolls in progress), the learner's batches and the activations of its
-forward and backward pass, the model with its gradients and optimiser state, and each actor or
-env client process. The activations are measured, not guessed: the model runs once on one
+The estimate adds up what grows with the config: the rollout storage and acting processes (each
+backend's memory(): mono's shared buffers, poly's learner queue and unrolls in progress), the
+learner's batches and the activations of its forward and backward pass, the model with its
+gradients and optimiser state. The activations are measured, not guessed: the model runs once on one
 sample with hooks that add up what each layer outputs. The constants below were calibrated
 against peak PSS of real runs (`python benchmarks/memory.py`), so that configs that run pass
 and configs that cannot fit fail at once, with one line saying what to lower.
@@ -17,8 +17,7 @@ from pathlib import Path
 
 import torch
 
-from torchbeast_hydra.backends.mono.settings import num_buffers
-from torchbeast_hydra.backends.poly.settings import PolyRole
+from torchbeast_hydra.backends import registry
 from torchbeast_hydra.env.layout import rollout_specs
 from torchbeast_hydra.env.make import is_atari
 from torchbeast_hydra.env.spaces import EnvSpec
@@ -29,9 +28,8 @@ MiB = 1024**2
 
 # Calibrated on peak PSS of whole runs (benchmarks/memory.py) and on the peak RSS of single
 # learner updates (torch 2.13 CPU, Python 3.11); the figures are in benchmarks/memory.py.
+# Each backend's acting processes: its settings module (mono/settings.py, poly/settings.py).
 LEARNER_PROCESS = 450 * MiB  # Python + torch + gymnasium + ale-py imported, before any tensor
-ACTOR_PROCESS = 160 * MiB  # a mono actor: the same imports, its private share
-ENV_CLIENT_PROCESS = 45 * MiB  # a poly env client: no model, no torch work
 ATARI_ENV = 6 * MiB  # one ALE emulator with its preprocessing wrappers
 # The update's peak over what the layers output (measured 1.15-1.6x with atari_net and resnet: the
 # backward pass's gradients, the float copy of the frames, the allocator's cached blocks), plus
@@ -109,24 +107,15 @@ def estimate(cfg, spec: EnvSpec, model: torch.nn.Module, on_gpu: bool = False) -
     activations = int(ACTIVATION_FACTOR * samples * activation_bytes(model, spec)) + UPDATE_OVERHEAD
     batch = cfg.batch_size * unroll
     per_env = ATARI_ENV if is_atari(cfg.env.id) else 0
-    envs = backend.num_actors * backend.envs_per_actor
-    process = ACTOR_PROCESS if backend.name == "mono" else ENV_CLIENT_PROCESS
-    actors = backend.num_actors * process + envs * per_env
+    kind = registry.get(backend.name)
+    beside_learner = kind.memory(cfg, unroll, backend.num_actors * backend.envs_per_actor * per_env, weights)
 
     result = Estimate()
-    role = PolyRole(backend.role) if backend.name == "poly" else None
-    if role is PolyRole.env:  # env clients only
-        result.ram["env clients"] = actors
+    if not kind.learns(backend):  # acting processes only (poly's role=env)
+        result.ram.update(beside_learner)
         return result
     result.ram["learner process"] = LEARNER_PROCESS
-    if backend.name == "mono":
-        result.ram["rollout buffers"] = num_buffers(cfg) * unroll
-        result.ram["actors"] = actors + weights  # plus the actors' shared copy of the weights
-    else:
-        in_progress = envs if role is PolyRole.all else 0  # remote clients' envs: unknown here
-        result.ram["rollout queue"] = (backend.learner_queue_size + in_progress) * unroll
-        if role is PolyRole.all:
-            result.ram["env clients"] = actors
+    result.ram.update(beside_learner)
     batches = LEARNER_BATCHES * batch
     if on_gpu:
         result.ram["learner batches"] = batches  # pinned host copies

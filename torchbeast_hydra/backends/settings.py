@@ -1,10 +1,11 @@
-"""What both backends share: actor processes, each stepping a few envs together, sized to the
-machine when left at 0 (auto). Each backend's own schema and checks: mono/settings.py,
-poly/settings.py."""
+"""What every backend shares: actor processes, each stepping a few envs together, sized to the
+machine when left at 0 (auto: each backend's auto_actors). Each backend's own schema, checks and
+sizes: mono/settings.py, poly/settings.py, listed in registry.py."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from omegaconf import MISSING
 
@@ -18,10 +19,11 @@ class BackendConfig:
 
     name: str = MISSING
     # mono: acting processes; poly: env client processes (role=all and role=env).
-    # 0: auto (auto_actors): mono an actor per core but one, poly a client per 4 cores; at least 2.
+    # 0: auto (each backend's auto_actors): mono an actor per core but one, poly a client per 4 cores; at least 2.
     num_actors: int = 0
     # Envs per actor, stepped together: evaluated as one batch (mono) or sent as one message (poly).
-    # 0: auto (auto_actors): mono 16 envs in all (at least 4 each), poly 4 per core a client gets (at least 16).
+    # 0: auto (each backend's auto_actors): mono 16 envs in all (at least 4 each), poly 4 per core
+    # a client gets (at least 16).
     envs_per_actor: int = 0
     # Intra-op threads per learner thread; 0: auto (a CPU learner: the cores this process may use,
     # but one in bf16 where the actor processes fill the cores, tried against the cores once the
@@ -30,39 +32,32 @@ class BackendConfig:
     # Learner updates between copies of the weights to the acting policy (mono's actors, poly's
     # inference). 1: after every update. On a GPU the copy never makes the learner wait.
     publish_interval: int = 1
+    # Rollouts with a step acted by weights more than this many learner updates old are not learned
+    # from (masked out, counted in logs.csv's dropped_stale_rollouts); null: off. logs.csv's
+    # policy_lag_mean / policy_lag_max show the lag either way.
+    max_policy_lag: Optional[int] = None
+    # Every update learns only from steps acted by the learner's current weights (policy lag 0):
+    # the weights are published after every update, actors (mono) and sessions (poly) start each
+    # unroll only with weights newer than their last unroll's, and what is still older is dropped
+    # as with max_policy_lag=0. Needs publish_interval=1, at least batch_size envs, and on poly
+    # role=all with cut_at_reset=false; mono uses one learner thread.
+    synchronous: bool = False
     max_actor_restarts: int = 10  # a run whose actors keep dying stops with an error
-    # Atari ids: actors (mono) and env clients (poly) step their envs in ale-py's native
-    # AtariVectorEnv where it reproduces envs.Environments (env/native.py): the same preprocessing
-    # in C++, ~30% less CPU a step. false: always the gymnasium envs.
+    # env.engine=auto may pick a C++ engine for actors (mono) and env clients (poly): EnvPool or
+    # ale-py's native AtariVectorEnv where they reproduce env.vector.Environments (env/engines.py): the
+    # same preprocessing in C++, ~30% less CPU a step. false: auto means the gymnasium envs.
     vector_env: bool = True
 
 
 MIN_ENVS = 16  # envs in all, at least: the Pong defaults' (and their learning curves') count
 
 
-def auto_actors(backend: str, cores: int) -> tuple[int, int]:
-    """(num_actors, envs_per_actor) sized to a machine with this many cores (docs/performance.md
-    has the measurements behind them).
-
-    mono: an actor per core but one (the learner process's batching and Python need a core), at
-    least 2, with MIN_ENVS envs in all and at least 4 each: each actor evaluates its envs as one
-    batch, and a batch of 8 costs a third less a step than 4 (2 cores: 2 x 8, not 4 x 4: +9%).
-    poly: a client per 4 cores, at least 2 (each steps its envs on cores // clients native
-    threads, Atari), with 4 envs per thread in each message and at least 16: many envs per message
-    keeps the server's per-message cost small (2 cores: 2 x 16, not 4 x 4: +35%).
-    """
-    if backend == "poly":
-        clients = max(2, cores // 4)
-        return clients, max(16, 4 * (cores // clients))
-    actors = max(2, cores - 1)
-    return actors, max(4, -(-MIN_ENVS // actors))
-
-
-def resolve_auto(backend) -> None:
-    """Replaces num_actors / envs_per_actor left at 0 (auto) with auto_actors' sizes, in place (on
-    the resolved copy that config.validate returns, never on the user's config)."""
+def resolve_auto(backend, auto_actors) -> None:
+    """Replaces num_actors / envs_per_actor left at 0 (auto) with the backend's own sizes for this
+    machine (its auto_actors(cores), registry.py), in place: on the resolved copy that
+    config.validate returns, never on the user's config."""
     if backend.num_actors == 0 or backend.envs_per_actor == 0:
-        actors, envs = auto_actors(backend.name, usable_cores())
+        actors, envs = auto_actors(usable_cores())
         if backend.num_actors == 0:
             backend.num_actors = actors
         if backend.envs_per_actor == 0:
@@ -77,3 +72,19 @@ def check(cfg) -> None:
     require(backend.publish_interval >= 1, "backend.publish_interval must be at least 1 (updates).")
     require(backend.num_actors >= 1, "backend.num_actors must be at least 1 (or 0: auto).")
     require(backend.envs_per_actor >= 1, "backend.envs_per_actor must be at least 1 (or 0: auto).")
+    require(
+        backend.max_policy_lag is None or backend.max_policy_lag >= 0,
+        "backend.max_policy_lag must be >= 0 (learner updates) or null (off).",
+    )
+    if backend.synchronous:
+        require(
+            backend.publish_interval == 1,
+            "backend.synchronous=true publishes after every update: set backend.publish_interval=1.",
+        )
+        envs = backend.num_actors * backend.envs_per_actor
+        require(
+            envs >= cfg.batch_size,
+            f"backend.synchronous=true needs at least batch_size={cfg.batch_size} envs acting (each waits for "
+            f"new weights after an unroll): raise backend.num_actors x backend.envs_per_actor (now {envs}) "
+            "or lower batch_size.",
+        )

@@ -50,6 +50,9 @@ LAYOUT = {
     "action": Field(ACTION, ACTION, AGENT),  # Box: as sampled, before clipping to the bounds
     "policy_logits": Field((PARAMS,), "float32", AGENT),  # the distribution's parameters
     "baseline": Field((), "float32", AGENT),
+    # The acting weights' version: the learner updates they reflect (WeightPublisher.version); the
+    # learner's update count minus it is the step's policy lag (learning/policy_lag.py).
+    "policy_version": Field((), "int64", AGENT),
     # Written by the backend: real steps (partial rollouts are padded).
     "mask": Field((), "bool", BACKEND),
 }

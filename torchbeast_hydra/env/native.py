@@ -12,8 +12,7 @@ One thing it cannot do is press FIRE after a lost life (Environments does, with 
 and fire_reset); games that need that (FIRE and lives, e.g. Breakout) keep the gymnasium path,
 as does every non-Atari id and any env.make_kwargs.
 
-`envs_maker(cfg)` picks the maker for an env config: this one where it applies, else
-envs.Environments.
+env/engines.py picks the engine for an env config (env.engine).
 """
 
 from __future__ import annotations
@@ -86,10 +85,13 @@ def _native(cfg: EnvConfig, num_envs: int, num_threads: int):
     )
 
 
-def vector_env_applies(cfg: EnvConfig) -> bool:
-    """Whether AtariVectorEnv reproduces Environments for this config (see the module docstring)."""
-    if not is_atari(cfg.id) or cfg.make_kwargs:
-        return False
+def refusal(cfg: EnvConfig) -> str | None:
+    """Why AtariVectorEnv cannot reproduce Environments for this config (see the module
+    docstring), or None where it can."""
+    if not is_atari(cfg.id, cfg.imports):
+        return f"env.id={cfg.id!r} is not an Atari id; ale-py's vector env runs Atari games only"
+    if cfg.make_kwargs:
+        return "ale-py's vector env does not take env.make_kwargs"
     env = make_env(cfg)
     try:
         env.reset(seed=0)
@@ -100,11 +102,14 @@ def vector_env_applies(cfg: EnvConfig) -> bool:
         env.close()
     atari = atari_settings(cfg)
     if atari.episodic_life and atari.fire_reset and has_fire and has_lives:
-        return False  # Environments presses FIRE after a lost life; the native env cannot
+        return (
+            "the game needs FIRE after a lost life (env.episodic_life, env.fire_reset), "
+            "which ale-py's vector env cannot press"
+        )
     try:
         native = _native(cfg, 1, 1)
-    except Exception:  # a game or an option ale-py's vector env does not know
-        return False
+    except Exception as error:  # a game or an option ale-py's vector env does not know
+        return f"ale-py's vector env cannot make it ({error})"
     try:
         same = bool(
             spec.single
@@ -113,13 +118,12 @@ def vector_env_applies(cfg: EnvConfig) -> bool:
         )
     finally:
         native.close()
-    return same
+    return None if same else "ale-py's vector env gives other observation or action spaces"
 
 
-def envs_maker(cfg: EnvConfig, num_threads: int = 1, native: bool = True):
-    """The env maker for mono's actors and poly's clients: AtariVectorEnvs where it applies, else
-    GymnasiumEnvs; native=False (backend.vector_env=false): always GymnasiumEnvs."""
-    return AtariVectorEnvs(cfg, num_threads) if native and vector_env_applies(cfg) else GymnasiumEnvs(cfg)
+def vector_env_applies(cfg: EnvConfig) -> bool:
+    """Whether AtariVectorEnv reproduces Environments for this config (see the module docstring)."""
+    return refusal(cfg) is None
 
 
 def _pad_with_first_frame(frames: np.ndarray, steps: np.ndarray) -> None:

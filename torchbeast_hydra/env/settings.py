@@ -3,6 +3,7 @@ defaults (from env/families.py's table), with the checks that types cannot expre
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional
 
@@ -10,6 +11,15 @@ from omegaconf import MISSING
 
 from torchbeast_hydra.env.families import BY_OPTION
 from torchbeast_hydra.errors import require
+
+
+class Engine(enum.Enum):
+    """What steps the envs of mono's actors, poly's clients and evaluations (env/engines.py)."""
+
+    auto = "auto"  # the fastest engine a core that reproduces this env config: native, envpool, gymnasium
+    gymnasium = "gymnasium"  # gymnasium envs and wrappers in Python (env/vector.py): any id
+    native = "native"  # ale-py's C++ AtariVectorEnv (env/native.py): Atari ids
+    envpool = "envpool"  # EnvPool's C++ envs (env/pool.py): Atari and MuJoCo ids; pip install ".[envpool]"
 
 
 @dataclass
@@ -25,6 +35,10 @@ class EnvConfig:
     # (MiniGrid: leaves out `mission`, a string), [glyphs, blstats], [inner/0]; a Dict key keeps all
     # below it. null: every leaf; a leaf that is not an array (gymnasium's Text) is then refused.
     obs_keys: Optional[List[str]] = None
+    # What steps the envs (env/engines.py): auto picks ale-py's native vector env where it reproduces
+    # the config (Atari), else EnvPool where it is installed and does (Atari, MuJoCo), else gymnasium.
+    # Naming an engine that cannot reproduce the config is refused, with the reason.
+    engine: Engine = Engine.auto
 
 
 @dataclass

@@ -50,6 +50,12 @@ class Environments:
     def __len__(self) -> int:
         return len(self.envs)
 
+    @property
+    def time_limit(self) -> int | None:
+        """The env's own cap on an episode's steps (gymnasium's TimeLimit: CartPole-v1's 500), or None."""
+        spec = self.envs[0].spec
+        return spec.max_episode_steps if spec is not None else None
+
     def initial(self) -> dict:
         for i, env in enumerate(self.envs):
             obs, _ = env.reset(seed=self.seeds[i])

@@ -37,6 +37,7 @@ from torchbeast_hydra.agent.models import RunningNorm, ValueNorm
 from torchbeast_hydra.env.actions import ActionSpec
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning import accel, vtrace
+from torchbeast_hydra.learning.policy_lag import divergence
 from torchbeast_hydra.learning.settings import (
     MinibatchUnit,
     OnNonFinite,
@@ -59,7 +60,8 @@ class LossInputs:
     configured; mask: 1.0 on real steps, 0.0 on padding (multiply every per-step term by it);
     dist: the action distribution (log_prob, entropy, kl of policy_logits; distributions.py);
     value_scale: the value targets' scale with model.normalize_values (PopArt), else 1: the value
-    loss and the advantages are in units of it.
+    loss and the advantages are in units of it. return_std: what the rewards were divided by
+    (vtrace.normalize_rewards), else 1.
     """
 
     cfg: VtraceConfig
@@ -74,6 +76,7 @@ class LossInputs:
     behaviour_log_probs: torch.Tensor
     advantages: torch.Tensor
     value_scale: torch.Tensor | float = 1.0
+    return_std: torch.Tensor | float = 1.0
 
 
 # A loss term: LossInputs -> a scalar tensor (summed over time and batch, as in TorchBeast).
@@ -92,7 +95,15 @@ def policy_gradient_term(inputs: LossInputs) -> torch.Tensor:
 
 
 def baseline_term(inputs: LossInputs) -> torch.Tensor:
-    errors = (inputs.targets.vs - inputs.outputs["baseline"]) / inputs.value_scale
+    """The value's squared error; with vtrace.value_clip, PPO's clipped value loss: the larger of it
+    and the squared error of the behaviour's value moved at most value_clip towards the learner's."""
+    values, targets, scale = inputs.outputs["baseline"], inputs.targets.vs, inputs.value_scale
+    errors = (targets - values) / scale
+    clip = inputs.cfg.value_clip
+    if clip is not None:
+        behaviour = inputs.steps["baseline"]  # the acting policy's values of the same states
+        clipped = behaviour + (values - behaviour).clamp(-clip * scale, clip * scale)
+        errors = torch.maximum(errors.abs(), ((targets - clipped) / scale).abs())
     return 0.5 * ((errors**2) * inputs.mask).sum()
 
 
@@ -161,8 +172,10 @@ def loss_inputs(
     outputs: dict,
     dist: Distribution | None = None,
     value_scale: torch.Tensor | float = 1.0,
+    return_std: torch.Tensor | float = 1.0,
 ) -> LossInputs:
-    """Aligns rows (learner outputs 0..T-1 against batch rows 1..T) and computes V-trace targets."""
+    """Aligns rows (learner outputs 0..T-1 against batch rows 1..T) and computes V-trace targets.
+    return_std: the rewards' divisor with vtrace.normalize_rewards (Learner.return_std)."""
     if dist is None:
         dist = distribution(ActionSpec.discrete(outputs["policy_logits"].shape[-1]))
     bootstrap_value = outputs["baseline"][-1]
@@ -175,6 +188,8 @@ def loss_inputs(
         rewards = rewards.clamp(-1, 1)
     if cfg.reward_scale != 1.0:
         rewards = rewards * cfg.reward_scale
+    if cfg.normalize_rewards:
+        rewards = (rewards / return_std).clamp(-cfg.reward_norm_clip, cfg.reward_norm_clip)
     discounts = (~steps["done"]).float() * cfg.discounting
 
     behavior_log_probs = dist.log_prob(steps["policy_logits"], steps["action"])
@@ -203,7 +218,7 @@ def loss_inputs(
     return LossInputs(
         cfg, steps, outputs, bootstrap_value, rewards, mask, targets, dist,
         log_probs=target_log_probs, behaviour_log_probs=behavior_log_probs, advantages=advantages,
-        value_scale=value_scale,
+        value_scale=value_scale, return_std=return_std,
     )  # fmt: skip
 
 
@@ -318,7 +333,7 @@ class Learner:
         average_gradients: Callable | None = None,
         sum_over_ranks: Callable | None = None,
     ):
-        """With several data-parallel ranks (run/distributed.py; None with one rank):
+        """With several data-parallel ranks (launch/distributed.py; None with one rank):
         average_gradients(parameters, figures) replaces the gradients and the figures (the loss
         terms) by their mean over the ranks, in place; sum_over_ranks(tensor) by their sum, for the
         observation statistics (RunningNorm)."""
@@ -330,6 +345,9 @@ class Learner:
         self.bf16 = accel.uses_bf16(cfg.accel, device, self.model)  # the forward pass under bf16 autocast
         self.optimizer = make_optimizer(cfg.optim, model.parameters())
         self.steps = 0  # env steps learned from (real steps: the mask's count)
+        # Updates made (calls of update()) in this process: the version of the weights they give
+        # (WeightPublisher.version), from which policy lag is counted (policy_lag.py).
+        self.updates = 0
         self.scheduler = make_scheduler(cfg.optim, self.optimizer, lambda: self.steps, cfg.total_steps)
         self.skipped_updates = 0
         self.loss_terms = loss_terms(cfg.vtrace)  # a bad vtrace.extra_losses fails here, before acting
@@ -341,6 +359,13 @@ class Learner:
             if isinstance(norm, RunningNorm):
                 norm.sum_over_ranks = sum_over_ranks
         self.value_norm: ValueNorm | None = getattr(self.model, "value_norm", None)
+        # vtrace.normalize_rewards: running moments of the discounted return (V-trace's targets in the
+        # rewards' units), the learner's own; each sample counts once, as the model's statistics.
+        self.return_norm: RunningNorm | None = None
+        if self.vtrace_cfg.normalize_rewards:
+            self.return_norm = RunningNorm(1).to(device)
+            self.return_norm.sum_over_ranks = sum_over_ranks
+            self.running_norms.append(self.return_norm)
         # The targets and advantages of optim.minibatch_unit=steps: raw, standardised per minibatch.
         self._targets_cfg = dataclasses.replace(self.vtrace_cfg, normalize_advantages=False)
         self.parameters = list(self.model.parameters())
@@ -372,16 +397,26 @@ class Learner:
                 for inputs_of in parts:
                     figures.append(self._step(inputs_of))
         self.scheduler.step()
+        self.updates += 1
         stats = {name: sum(values) / len(values) for name, values in zip(self._figure_names, zip(*figures))}
         stats["learning_rate"] = self.scheduler.get_last_lr()[0]
+        if self.return_norm is not None:
+            stats["return_std"] = float(self.return_std())
         return stats
+
+    def return_std(self) -> torch.Tensor | float:
+        """What vtrace.normalize_rewards divides the rewards by: the discounted return's running
+        standard deviation (1 before any batch; 1 without the option)."""
+        if self.return_norm is None:
+            return 1.0
+        return torch.sqrt(self.return_norm.var + self.return_norm.epsilon).float()
 
     def _unroll_inputs(self, batch: dict, initial_core_state: tuple, value_scale) -> LossInputs:
         """The learner's forward pass over whole unrolls and their V-trace targets."""
         with _stage("learner/forward"), accel.autocast(self.bf16, self.device):
             outputs, _ = self.forward(batch, initial_core_state, action="none")
         with _stage("learner/losses"):
-            return loss_inputs(self.vtrace_cfg, batch, outputs, self.model.dist, value_scale)
+            return loss_inputs(self.vtrace_cfg, batch, outputs, self.model.dist, value_scale, self.return_std())
 
     def _step_minibatches(self, batch: dict, initial_core_state: tuple):
         """optim.minibatch_unit=steps: one pass's minibatches of single steps, drawn at random from
@@ -390,7 +425,7 @@ class Learner:
         the pass (no gradient): V-trace needs whole unrolls."""
         with torch.no_grad(), _stage("learner/targets"), accel.autocast(self.bf16, self.device):
             outputs, _ = self.forward(batch, initial_core_state, action="none")
-            whole = loss_inputs(self._targets_cfg, batch, outputs, self.model.dist)
+            whole = loss_inputs(self._targets_cfg, batch, outputs, self.model.dist, return_std=self.return_std())
         count = self.cfg.optim.minibatches
         real = whole.mask.flatten().nonzero().flatten()
         order = real[torch.randperm(len(real), device=real.device)]
@@ -425,6 +460,7 @@ class Learner:
             vtrace.VTraceReturns(vs=pick(whole.targets.vs), pg_advantages=pick(whole.targets.pg_advantages)),
             whole.dist, log_probs=whole.dist.log_prob(outputs["policy_logits"], taken["action"]),
             behaviour_log_probs=pick(whole.behaviour_log_probs), advantages=advantages, value_scale=value_scale,
+            return_std=whole.return_std,
         )  # fmt: skip
 
     def _step(self, inputs_of: Callable) -> list:
@@ -435,10 +471,12 @@ class Learner:
         inputs = inputs_of(value_scale)
         with _stage("learner/losses"):
             losses = weighted_losses(inputs, self.loss_terms)
+            apart = divergence(inputs)  # how far the behaviour policy is from this one
         with _stage("learner/backward"):
             self.optimizer.zero_grad(set_to_none=True)
             losses["total_loss"].backward()
-        figures = torch.stack(list(losses.values())).detach()
+        names = [*losses, *apart]
+        figures = torch.stack([*losses.values(), *apart.values()]).detach()
         updates_norm = value_norm is not None and not value_norm.frozen
         if updates_norm:  # the targets' moments ride along: with several ranks, averaged with the rest
             figures = torch.cat([figures, target_moments(inputs.targets.vs.detach(), inputs.mask)])
@@ -446,16 +484,19 @@ class Learner:
             with _stage("learner/all_reduce"):
                 self.average_gradients(self.parameters, figures)
         with _stage("learner/optimiser"):
-            result, stepped = self._optimiser_step(losses, figures[: len(losses)])
+            result, stepped = self._optimiser_step(names, figures[: len(names)])
         if updates_norm and stepped:  # after the step: its gradient was in the scale it was taken at
-            value_norm.update(*figures[len(losses) :], head=self.model.baseline)
+            value_norm.update(*figures[len(names) :], head=self.model.baseline)
+        if self.return_norm is not None:  # the returns in the rewards' units (each sample once: see frozen)
+            real = inputs.mask.flatten() > 0
+            self.return_norm.observe((inputs.targets.vs.detach() * inputs.return_std).flatten()[real].unsqueeze(1))
         return result
 
-    def _optimiser_step(self, losses: dict, figures: torch.Tensor) -> tuple[list, bool]:
-        """Clips the gradient and steps, unless the loss or the gradient is not finite; the figures,
-        and whether it stepped."""
+    def _optimiser_step(self, names: list, figures: torch.Tensor) -> tuple[list, bool]:
+        """Clips the gradient and steps, unless the loss or the gradient is not finite; the figures
+        (named `names`, total_loss first), and whether it stepped."""
         grad_norm = nn.utils.clip_grad_norm_(self.parameters, self.cfg.optim.grad_norm_clipping)
-        self._figure_names = [*losses, "grad_norm"]
+        self._figure_names = [*names, "grad_norm"]
         # One device-to-host copy for all the figures: on a GPU each .item() would wait on its own.
         figures = torch.cat([figures, grad_norm.detach().reshape(1)]).tolist()
         stepped = math.isfinite(figures[0]) and math.isfinite(figures[-1])  # total_loss and grad_norm
@@ -475,15 +516,20 @@ class Learner:
         return figures, stepped
 
     def state_dict(self) -> dict:
-        return dict(
+        state = dict(
             model=self.model.state_dict(),
             optimizer=self.optimizer.state_dict(),
             scheduler=self.scheduler.state_dict(),
             steps=self.steps,
         )
+        if self.return_norm is not None:
+            state["return_norm"] = self.return_norm.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
+        if self.return_norm is not None and "return_norm" in state:  # else (a run without it): fresh statistics
+            self.return_norm.load_state_dict(state["return_norm"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.steps = state["steps"]

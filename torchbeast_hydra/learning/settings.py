@@ -58,6 +58,17 @@ class VtraceConfig:
     # A = r_t + gamma * vs_{t+1} - V(x_t). What makes optim.epochs > 1 safe. null: IMPALA's gradient.
     ppo_clip: Optional[float] = None
     normalize_advantages: bool = False  # the policy gradient's advantages standardised per minibatch
+    # PPO's reward normalisation (gymnasium's NormalizeReward, CleanRL's MuJoCo PPO): rewards (after
+    # clipping and reward_scale) divided by a running standard deviation of the discounted return,
+    # then clipped to +-reward_norm_clip. The returns are V-trace's targets, in the rewards' units;
+    # the statistics live in the learner (checkpointed; the same on mono and poly); the training
+    # returns that logs.csv reports stay raw.
+    normalize_rewards: bool = False
+    reward_norm_clip: float = 10.0
+    # PPO's clipped value loss: the larger of the value's squared error and that of the behaviour's
+    # value moved at most this far towards it (in units of model.normalize_values' scale, if on).
+    # null: the plain squared error.
+    value_clip: Optional[float] = None
     # Your own loss terms, added to IMPALA's: name (ending in _loss, logged under it) ->
     # {fn: module.function (LossInputs -> scalar tensor, see learner.py), cost: its weight}, e.g.
     # +vtrace.extra_losses.kl_loss={fn:my_losses.kl_to_behaviour,cost:0.1}
@@ -139,6 +150,8 @@ def check(cfg) -> None:
     require(vtrace.reward_scale > 0, "vtrace.reward_scale must be positive.")
     require(0.0 <= vtrace.trace_lambda <= 1.0, "vtrace.trace_lambda must be in [0, 1].")
     require(vtrace.ppo_clip is None or vtrace.ppo_clip > 0, "vtrace.ppo_clip must be positive or null (off).")
+    require(vtrace.reward_norm_clip > 0, "vtrace.reward_norm_clip must be positive.")
+    require(vtrace.value_clip is None or vtrace.value_clip > 0, "vtrace.value_clip must be positive or null (off).")
     for key in ("clip_rho_threshold", "clip_pg_rho_threshold"):
         value = vtrace[key]
         require(value is None or value > 0, f"vtrace.{key} must be positive or null (no clipping).")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from torchbeast_hydra.logs import lineage as population
 from torchbeast_hydra.logs.metrics import read_rows, recent_means
-from torchbeast_hydra.pbt import population
 
 DPI = 100
 FIXED_COLUMNS = set(population.COLUMNS)

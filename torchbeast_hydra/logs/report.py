@@ -34,7 +34,7 @@ import pandas as pd
 import yaml
 from matplotlib.figure import Figure
 
-from torchbeast_hydra.logs import population_figures, runs, scores
+from torchbeast_hydra.logs import measures, population_figures, runs, scores
 from torchbeast_hydra.logs.metrics import target_met
 from torchbeast_hydra.logs.sweep_record import is_run_control
 
@@ -68,6 +68,19 @@ class Baseline:
     random: Optional[dict] = None
     references: list = field(default_factory=list)
     normalise_by: Optional[str] = None
+    same_dynamics: list = field(default_factory=list)  # ids whose figures compare with each other
+    notes: Optional[str] = None
+
+    def why_not_comparable(self, reference: dict, task: str) -> Optional[str]:
+        """None if runs on task compare with this reference (measures.why_not_comparable)."""
+        return measures.why_not_comparable(reference, task, self.same_dynamics)
+
+    def peer_budget(self) -> Optional[float]:
+        """The steps at which the peers' measure (train_last_100) is read for this task: its
+        normaliser's, else its first such reference's; None if it has none."""
+        peers = [r for r in self.references if measures.measure_of(r) == "train_last_100" and r.get("steps")]
+        peers.sort(key=lambda r: r["name"] != self.normalise_by)
+        return float(peers[0]["steps"]) if peers else None
 
     def normaliser(self) -> Optional[dict]:
         """The reference that scores 1 (with the random score as 0), or None if either is missing."""
@@ -162,7 +175,11 @@ def load_baselines(path: str | Path = BASELINES) -> dict:
             random=entry.get("random"),
             references=list(entry.get("references") or []),
             normalise_by=entry.get("normalise_by"),
+            same_dynamics=list(entry.get("same_dynamics") or []),
+            notes=entry.get("notes"),
         )
+        for reference in baseline.references:
+            measures.measure_of(reference)  # an unknown measure fails here, naming the reference
         for name in [task, *(entry.get("aliases") or [])]:
             out[name] = baseline
     return out
@@ -211,13 +228,18 @@ def met_stop_target(run: Run) -> bool:
     return target_met(zip(periodic["step"], periodic["mean_return"]), stop_at, confirmations) is not None
 
 
-def summarise(run: Run, metric: str, target: Optional[float]) -> dict:
-    """Final and best score, the first step at or above target, training time and steps/s."""
+def summarise(run: Run, metric: str, target: Optional[float], budget: Optional[float] = None) -> dict:
+    """Final and best score, the first step at or above target, training time and steps/s; the
+    peers' measure (the mean of the last 100 training episodes) at budget (default: the run's
+    total_steps); with evaluations, how many were pooled into the final score."""
     steps, values = curve(run, metric)
+    total_steps = run.config.get("total_steps")
+    budget = budget if budget is not None else total_steps
+    peer = measures.last_episodes_mean(run.train, budget) if budget else None
     wall = float(run.train["time_s"].max()) if "time_s" in run.train and run.train["time_s"].notna().any() else np.nan
     last_step = float(run.train["step"].max())
     reached = np.nonzero(values >= target)[0] if target is not None and len(values) else []
-    total_steps = run.config.get("total_steps")
+    pooled, episodes = _final_pool(run) if metric == "eval" else (0, 0)
     return dict(
         run=run.name,
         task=run.task,
@@ -229,30 +251,51 @@ def summarise(run: Run, metric: str, target: Optional[float]) -> dict:
         final=float(values[-1]) if len(values) else np.nan,
         best=float(values.max()) if len(values) else np.nan,
         steps_to_target=float(steps[reached[0]]) if len(reached) else np.nan,
+        peer=peer.value if peer else np.nan,
+        peer_step=peer.step if peer else np.nan,
+        peer_episodes=peer.episodes if peer else 0,
+        peer_budget=budget if budget else np.nan,
+        final_pooled=pooled,
+        final_episodes=episodes,
         steps=last_step,
         wall_s=wall,
         sps=last_step / wall if wall and wall > 0 else np.nan,
     )
 
 
+def _final_pool(run: Run) -> tuple[int, int]:
+    """(evaluations, episodes) at the final evaluation's step: more than one evaluation there (the
+    last periodic one and mode=test's, say) are pooled into the final score."""
+    if run.evals is None or not len(run.evals):
+        return 0, 0
+    last = run.evals[run.evals["step"] == run.evals["step"].max()]
+    episodes = pd.to_numeric(last["episodes"], errors="coerce").fillna(1) if "episodes" in last else None
+    return len(last), int(episodes.sum()) if episodes is not None else len(last)
+
+
 # Tables.
 
 
 def task_table(per_run: pd.DataFrame, reps: int, seed: int, confidence: float = scores.CONFIDENCE) -> pd.DataFrame:
-    """Per task and setting: seeds, final and best score (mean over seeds and its bootstrap
-    interval), steps to target (median over the seeds that reached it, and how many did),
-    training time and steps/s (means over seeds)."""
+    """Per task and setting: seeds, final and best score and the peers' measure (the mean over
+    seeds, with a bootstrap interval from measures.MIN_SEEDS_FOR_INTERVAL seeds, else the seeds'
+    range: `spread` says which), steps to target (median over the seeds that reached it, how many
+    did, and the best the others reached), training time and steps/s (means over seeds)."""
     rows = []
     for (task, setting), part in per_run.groupby(["task", "setting"], sort=False):
         row = dict(task=task, setting=setting, seeds=len(part), unfinished=int(part["unfinished"].sum()))
-        for column in ("final", "best"):
-            values = part[column].dropna().to_numpy()
-            interval = _mean_interval(values, reps, seed, confidence)
-            row.update({column: interval.point, f"{column}_low": interval.low, f"{column}_high": interval.high})
+        for column in ("final", "best", "peer"):
+            figure = measures.spread(part[column].to_numpy(float), reps, seed, confidence)
+            row.update({column: figure.point, f"{column}_low": figure.low, f"{column}_high": figure.high})
+            row["spread"] = row.get("spread") or figure.kind
+        row["peer_seeds"] = int(part["peer"].notna().sum())
+        row["peer_budget"] = float(part["peer_budget"].max())
         reached = part["steps_to_target"].dropna()
+        others = part[part["steps_to_target"].isna()]["best"].dropna()
         row.update(
             reached=len(reached),
             steps_to_target=float(reached.median()) if len(reached) else np.nan,
+            others_best=";".join(_number(v) for v in sorted(others)),  # what the seeds short of it reached
             wall_s=float(part["wall_s"].mean()),
             sps=float(part["sps"].mean()),
         )
@@ -261,14 +304,12 @@ def task_table(per_run: pd.DataFrame, reps: int, seed: int, confidence: float = 
     return pd.DataFrame(rows)
 
 
-def _mean_interval(values: np.ndarray, reps: int, seed: int, confidence: float) -> scores.Interval:
-    if len(values) == 0:
-        return scores.Interval(np.nan, np.nan, np.nan)
-    return scores.bootstrap_interval({"runs": values}, scores.AGGREGATES["mean"], reps, confidence, seed)
-
-
 def normalised_scores(per_run: pd.DataFrame, baselines: dict) -> tuple:
-    """({setting: {task: normalised final scores}}, {task: Baseline used}, [tasks left out, with why])."""
+    """({setting: {task: normalised scores}}, {task: Baseline used}, [tasks left out, with why]).
+
+    A run's score is measured as the normaliser was: the peers' measure at its budget for a
+    train_last_100 reference (a task whose runs are on another env version, or short of the
+    budget, is left out), else (a bound, a human score) the final score."""
     out, used, left_out = {}, {}, []
     for task, part in per_run.groupby("task", sort=False):
         baseline = baselines.get(task)
@@ -276,9 +317,21 @@ def normalised_scores(per_run: pd.DataFrame, baselines: dict) -> tuple:
         if reference is None:
             left_out.append(f"{task} ({_why_not_normalised(baseline)})")
             continue
+        why_not = baseline.why_not_comparable(reference, task)
+        if why_not is not None:
+            left_out.append(f"{task} ({reference['name']}: {why_not}; not comparable)")
+            continue
+        column = "peer" if measures.measure_of(reference) == "train_last_100" else "final"
+        if column == "peer" and not (part["peer"].notna() & (part["peer_budget"] == reference["steps"])).all():
+            short = int((part["peer"].isna() | (part["peer_budget"] != reference["steps"])).sum())
+            left_out.append(
+                f"{task} ({short} of {len(part)} runs short of {reference['name']}'s budget, "
+                f"{_steps(reference['steps'])} steps: not comparable)"
+            )
+            continue
         used[task] = baseline
         for setting, runs_of_setting in part.groupby("setting", sort=False):
-            finals = runs_of_setting["final"].dropna().to_numpy()
+            finals = runs_of_setting[column].dropna().to_numpy()
             if len(finals):
                 out.setdefault(setting, {})[task] = scores.normalise(
                     finals, baseline.random["score"], reference["score"]
@@ -345,7 +398,7 @@ def curve_figure(task: str, task_runs: list, metric: str, baseline: Optional[Bas
         ax.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0)
         drawn.append(matrix)
     if baseline is not None:
-        _draw_references(ax, baseline, drawn)
+        _draw_references(ax, baseline, drawn, task)
     ax.set_title(task)
     ax.set_xlabel("agent steps")
     ax.set_ylabel("evaluation return" if metric == "eval" else "training return")
@@ -383,14 +436,16 @@ def _on_one_grid(curves: list) -> tuple:
     return steps, matrix
 
 
-def _draw_references(ax, baseline: Baseline, drawn: list) -> None:
-    """Dashed lines for the references (dotted for random play); one far off the runs' scale is
-    named in the legend but not drawn, so that it does not flatten the curves."""
+def _draw_references(ax, baseline: Baseline, drawn: list, task: str) -> None:
+    """Dashed lines for the references that compare with these runs (dotted for random play); one
+    far off the runs' scale is named in the legend but not drawn, so that it does not flatten the
+    curves. The others are listed in report.md, with why they do not compare."""
     values = np.concatenate([m[np.isfinite(m)] for m in drawn]) if drawn else np.array([])
     low, high = (float(values.min()), float(values.max())) if len(values) else (-np.inf, np.inf)
     span = max(high - low, 1e-9) if len(values) else np.inf
     lines = [dict(name="random", score=baseline.random["score"], steps=None)] if baseline.random else []
-    for i, reference in enumerate([*lines, *baseline.references]):
+    comparable = [r for r in baseline.references if baseline.why_not_comparable(r, task) is None]
+    for i, reference in enumerate([*lines, *comparable]):
         label = f"{reference['name']}: {_number(reference['score'])}"
         if reference.get("steps"):
             label += f" at {_steps(reference['steps'])} steps"
@@ -448,8 +503,10 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
     loaded = [r for r in loaded if r.name not in missing]
     if not loaded:
         raise FileNotFoundError(f"no run has {NO_SCORE[metric]}" + (": use --metric train" if metric == "eval" else ""))
-    per_run = pd.DataFrame([summarise(r, metric, _target(options.targets, r.task)) for r in loaded])
     baselines = load_baselines(options.baselines)
+    per_run = pd.DataFrame(
+        [summarise(r, metric, _target(options.targets, r.task), _peer_budget(baselines.get(r.task), r)) for r in loaded]
+    )
     table = task_table(per_run, options.reps, options.seed)
     normalised, used, left_out = normalised_scores(per_run, baselines)
     aggregates = aggregate_table(normalised, options.reps, options.seed)
@@ -522,6 +579,16 @@ def _population_name(population_dir: Path, paths: Sequence) -> str:
     return str(population_dir)
 
 
+def _peer_budget(baseline: Optional[Baseline], run: Run) -> Optional[float]:
+    """Where a run's peers' measure is read: at its task's reference's budget when the run was meant
+    to reach it (its total_steps), else at its own total_steps (and then not compared)."""
+    budget = baseline.peer_budget() if baseline is not None else None
+    total_steps = run.config.get("total_steps")
+    if budget is None or (isinstance(total_steps, (int, float)) and total_steps < budget):
+        return total_steps
+    return budget
+
+
 def _target(targets: dict, task: str) -> Optional[float]:
     return targets.get(task, targets.get(""))
 
@@ -550,8 +617,14 @@ def render_markdown(
         "",
         f"{len(loaded)} run{'s' * (len(loaded) != 1)} in {', '.join(str(p) for p in paths)}.",
         f"Score: {what}.",
-        f"Intervals: {scores.CONFIDENCE:.0%}, percentile bootstrap over seeds ({options.reps:,} replicates, "
-        f"seed {options.seed}); across tasks, stratified (each task's runs resampled on their own).",
+        "Peers' measure, beside it: the mean of the last 100 training episodes (sampled actions) that ended by "
+        "the first update at or past the budget (the task's published reference's, else the run's total_steps), "
+        "as CleanRL and openrlbenchmark report theirs.",
+        f"Spread over seeds: with {measures.MIN_SEEDS_FOR_INTERVAL} seeds or more, a {scores.CONFIDENCE:.0%} "
+        f"percentile bootstrap interval of the mean ({options.reps:,} replicates, seed {options.seed}); with "
+        "fewer, the seeds' range (min, max), since such an interval is little more than the range "
+        "(with 3 seeds it covers ~75%, not 95%). Across tasks: stratified bootstrap intervals "
+        "(each task's runs resampled on their own), with the same caveat where tasks have few runs.",
     ]
     if "runs" in written:
         lines.append(
@@ -567,16 +640,29 @@ def render_markdown(
         lines.append(
             f"Only {with_evals} of {len(loaded)} runs have an eval.csv, so none is used (--metric eval: those)."
         )
+    pooled = [r for r in loaded if r.evals is not None and _final_pool(r)[0] > 1]
+    if metric == "eval" and pooled:
+        lines.append(
+            "Pooled: "
+            + "; ".join(
+                f"{r.name}'s final score pools {_final_pool(r)[0]} evaluations ({_final_pool(r)[1]} episodes) "
+                f"at step {_steps(r.evals['step'].max())}"
+                for r in pooled
+            )
+            + " (the periodic evaluation and mode=test's, weighted by their episodes)."
+        )
     lines += [
-        "Per task, final and best: the mean over seeds [95% interval]; steps to target: the median over the "
-        "seeds that reached it; training time: logs.csv's time_s (across resumes); steps/s: steps / training time.",
-        "Curves: each seed thin, the mean over seeds bold with its 95% band; a seed that stopped at its evaluation "
+        "Per task, final, best and the peers' measure: the mean over seeds [interval] or (range); steps to "
+        "target: the median over the seeds that reached it, how many did, and the best the others reached; "
+        "training time: logs.csv's time_s (across resumes); steps/s: steps / training time.",
+        "Curves: each seed thin, the mean over seeds bold with its 95% bootstrap band (with fewer than "
+        f"{measures.MIN_SEEDS_FOR_INTERVAL} seeds, close to the seeds' range); a seed that stopped at its evaluation "
         "target holds its last score in the mean.",
     ]
     for task in tasks(loaded):
         lines += ["", f"## {task}", "", f"![{task}]({written[f'curve:{task}'].name})", ""]
-        lines += _task_markdown(table[table["task"] == task], _target(options.targets, task))
-        lines += _references_markdown(baselines.get(task))
+        lines += _task_markdown(table[table["task"] == task], _target(options.targets, task), metric)
+        lines += _references_markdown(baselines.get(task), task)
     lines += ["", "## Across tasks (normalised final scores)", ""]
     lines += _aggregate_markdown(aggregates, used, left_out, written)
     return "\n".join(lines) + "\n"
@@ -610,11 +696,15 @@ def _exact(value: float) -> str:
     return short if float(short) == value else repr(float(value))
 
 
-def _task_markdown(rows: pd.DataFrame, target: Optional[float]) -> list:
+def _task_markdown(rows: pd.DataFrame, target: Optional[float], metric: str) -> list:
     target_header = f"steps to {target:g}" if target is not None else "steps to target"
+    budgets = rows["peer_budget"].dropna().unique()
+    at = f" at {_steps(budgets[0])} steps" if len(budgets) == 1 else " at each run's total_steps"
+    ours = "evaluation" if metric == "eval" else "training, last 100"
     lines = [
-        f"| setting | seeds | final | best | {target_header} | training time | steps/s |",
-        "|---|---|---|---|---|---|---|",
+        f"| setting | seeds | final ({ours}) | best | last 100 training episodes{at} | {target_header} | "
+        "training time | steps/s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows.itertuples(index=False):
         if target is None:
@@ -623,35 +713,73 @@ def _task_markdown(rows: pd.DataFrame, target: Optional[float]) -> list:
             reach = f"{_steps(row.steps_to_target)} ({row.reached}/{row.seeds} seeds)"
         else:
             reach = f"not reached (0/{row.seeds} seeds)"
+        if target is not None and row.others_best:
+            reach += f"; the others' best: {row.others_best.replace(';', ', ')}"
         seeds = f"{row.seeds} ({row.unfinished} unfinished)" if row.unfinished else f"{row.seeds}"
+        peer = _spread(row.peer, row.peer_low, row.peer_high, row.spread)
+        if row.peer_seeds < row.seeds:
+            peer += f" ({row.peer_seeds}/{row.seeds} seeds reached the budget)"
         lines.append(
-            f"| {row.setting} | {seeds} | {_with_interval(row.final, row.final_low, row.final_high)} | "
-            f"{_with_interval(row.best, row.best_low, row.best_high)} | {reach} | {_duration(row.wall_s)} | "
-            f"{_number(row.sps)} |"
+            f"| {row.setting} | {seeds} | {_spread(row.final, row.final_low, row.final_high, row.spread)} | "
+            f"{_spread(row.best, row.best_low, row.best_high, row.spread)} | {peer} | {reach} | "
+            f"{_duration(row.wall_s)} | {_number(row.sps)} |"
         )
     return lines
 
 
-def _references_markdown(baseline: Optional[Baseline]) -> list:
+def _spread(point: float, low: float, high: float, kind: str) -> str:
+    """'1,853 (range 1,133 to 2,224)' for few seeds, '1,853 [1,133, 2,224]' for an interval."""
+    if kind == "one seed":
+        return _number(point)
+    if kind == "range" and not np.isnan(point):
+        return f"{_number(point)} (range {_number(low)} to {_number(high)})"
+    return _with_interval(point, low, high)
+
+
+def _references_markdown(baseline: Optional[Baseline], task: str) -> list:
+    """Each reference with its measure, env, budget and seeds, and whether it compares with these runs."""
     if baseline is None:
         return ["", "No published reference for this task in baselines.yaml."]
     lines = [""]
     if baseline.random:
         lines.append(f"- random: {_number(baseline.random['score'])} ({baseline.random['source']})")
     for reference in baseline.references:
-        at = f" at {_steps(reference['steps'])} steps" if reference.get("steps") else ""
-        lines.append(f"- {reference['name']}: {_number(reference['score'])}{at} ({reference['source']})")
+        measure = measures.measure_of(reference)
+        facts = [measures.MEASURES[measure]]
+        if measure not in measures.ANCHORS:
+            facts.append(f"on {reference.get('env') or baseline.task}")
+        if reference.get("steps"):
+            facts.append(f"at {_steps(reference['steps'])} steps")
+        if reference.get("seeds"):
+            facts.append(f"{reference['seeds']} seeds")
+        why_not = baseline.why_not_comparable(reference, task)
+        if measure == "other":
+            facts[0] = why_not  # what it is: how it was measured
+            verdict = "shown, not compared"
+        elif why_not is not None:
+            verdict = f"not comparable with these runs: {why_not}"
+        elif measure == "train_last_100":
+            verdict = "compared with the runs' last 100 training episodes at its budget"
+        else:
+            verdict = "an anchor: compared with the runs' final score"
+        lines.append(
+            f"- {reference['name']}: {_number(reference['score'])}, {', '.join(facts)}; {verdict} "
+            f"({reference['source']})"
+        )
+    if baseline.notes:
+        lines.append(f"- notes: {baseline.notes}")
     return lines
 
 
 def _aggregate_markdown(aggregates: pd.DataFrame, used: dict, left_out: list, written: dict) -> list:
     if aggregates.empty:
-        return ["No task has both a random score and a reference to normalise by (baselines.yaml)."] + (
+        return ["No task has both a random score and a comparable reference to normalise by (baselines.yaml)."] + (
             [f"Left out: {', '.join(left_out)}."] if left_out else []
         )
-    by = "; ".join(f"{task} by {b.normalise_by}" for task, b in sorted(used.items()))
+    by = "; ".join(f"{task} by {b.normalise_by} ({_normalised_measure(b)})" for task, b in sorted(used.items()))
     lines = [
-        f"Normalised score: (score - random) / (reference - random), 0 = random play, 1 = the reference: {by}.",
+        f"Normalised score: (score - random) / (reference - random), 0 = random play, 1 = the reference, "
+        f"each run measured as the reference was: {by}.",
     ]
     if left_out:
         lines.append(f"Left out: {', '.join(left_out)}.")
@@ -673,6 +801,13 @@ def _aggregate_markdown(aggregates: pd.DataFrame, used: dict, left_out: list, wr
         f"![performance profile]({written['profile'].name})",
     ]
     return lines
+
+
+def _normalised_measure(baseline: Baseline) -> str:
+    reference = baseline.normaliser()
+    if measures.measure_of(reference) == "train_last_100":
+        return f"the last 100 training episodes at {_steps(reference['steps'])} steps"
+    return "the final score"
 
 
 def _with_interval(point: float, low: float, high: float, digits: Optional[int] = None) -> str:

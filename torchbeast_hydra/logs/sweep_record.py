@@ -1,5 +1,5 @@
 """What a sweep's command line fixed (one value for every job), recorded once when the sweep starts
-(run.launch.RecordSweepOverrides) and read by job naming (run.launch.job_subdir) and wandb's
+(launch.jobs.RecordSweepOverrides) and read by job naming (launch.jobs.job_subdir) and wandb's
 labels (logs.wandb_log.hydra_labels). Light on purpose: the learner process imports it."""
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ class TensorboardLog:
             self._writer.add_scalar(key, value, global_step=step)
 
     def log_eval(self, row: Mapping) -> None:
-        """An evaluation's figures (run.periodic_eval) as eval/*, at x = the training step it measured."""
+        """An evaluation's figures (evaluation.periodic) as eval/*, at x = the training step it measured."""
         metrics = numeric_fields(row)
         step = metrics.pop("step")
         for key, value in metrics.items():

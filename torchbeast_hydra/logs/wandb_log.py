@@ -110,7 +110,7 @@ def hydra_labels() -> tuple[Optional[str], Optional[str], list]:
     if hydra_cfg.mode == RunMode.MULTIRUN:
         sweep_dir = Path(hydra_cfg.sweep.dir)
         group = sweep_name(sweep_dir)
-        fixed = fixed_overrides(sweep_dir)  # named as its job dir is (run.launch.job_subdir)
+        fixed = fixed_overrides(sweep_dir)  # named as its job dir is (launch.jobs.job_subdir)
         overrides = [o for o in overrides if not is_fixed(o, fixed)] or overrides
     else:
         group = choices.get("experiment") or None
@@ -211,7 +211,7 @@ class WandbLog:
         self.log(metrics, wandb_step=metrics.get("step"))
 
     def log_eval(self, row: Mapping) -> None:
-        """An evaluation's figures (run.periodic_eval) as eval/*, at x = the training step it measured.
+        """An evaluation's figures (evaluation.periodic) as eval/*, at x = the training step it measured.
 
         At wandb's next `_step`: the evaluation finishes after later training rows were logged."""
         figures = {f"eval/{key}": value for key, value in numeric_fields(row).items() if key != "step"}

@@ -25,10 +25,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
 from torchbeast_hydra.errors import ConfigError
+from torchbeast_hydra.launch.jobs import safe_dir_name
 from torchbeast_hydra.logs.sweep_record import fixed_overrides, is_fixed, override_key
 from torchbeast_hydra.pbt import mutation, population
 from torchbeast_hydra.pbt.settings import PbtObjective, PbtStart, mutations
-from torchbeast_hydra.run.launch import safe_dir_name
 
 log = logging.getLogger(__name__)
 

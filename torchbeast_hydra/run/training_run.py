@@ -4,7 +4,7 @@
 updates the learner thread-safely, logs each update's row and checkpoints on a timer and at exit,
 so mono and poly resume, log and checkpoint identically.
 
-With several data-parallel ranks (`ranks`, distributed.py), every rank has one: each update's
+With several data-parallel ranks (`ranks`, launch/distributed.py), every rank has one: each update's
 figures are agreed across the ranks first (global steps, every rank's returns, a stop asked of
 any rank), the learner averages gradients, and rank 0 alone writes checkpoints and run_info.
 """
@@ -27,11 +27,11 @@ from torchbeast_hydra.agent.models import make_model
 from torchbeast_hydra.env.spaces import EnvSpec
 from torchbeast_hydra.learning import accel
 from torchbeast_hydra.learning.learner import Learner
+from torchbeast_hydra.learning.policy_lag import BehaviourVersions, lag_figures, stale_rollouts, without_rollouts
 from torchbeast_hydra.logs.metrics import CsvLog, Stats, duration
 from torchbeast_hydra.logs.wandb_log import WandbLog, hydra_labels
 from torchbeast_hydra.run import checkpoint
 from torchbeast_hydra.run.devices import device_name, resolve_device
-from torchbeast_hydra.run.periodic_eval import Evaluations
 from torchbeast_hydra.run.resume import check_resumable, config_changes, describe_changes, env_signature
 from torchbeast_hydra.run.seeding import seed_everything
 from torchbeast_hydra.run.settings import to_plain_dict
@@ -56,11 +56,35 @@ def writing(what: Path):
         ) from None
 
 
+class NoEvaluations:
+    """A run without evaluation during training: what TrainingRun asks of its evaluations."""
+
+    target_reached = None  # (step, mean return) of the evaluation that met eval.stop_at_return
+
+    def __init__(self, cfg=None, run_dir=None, sinks=(), resume_step: int = 0):
+        pass
+
+    def maybe_start(self, step: int, snapshot) -> None:
+        pass
+
+    def final(self, step: int, weights: dict) -> None:
+        pass
+
+    def scores(self) -> list:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
 class TrainingRun:
     """The learner plus the run dir's state: resumes on start, checkpoints on a timer and at exit."""
 
-    def __init__(self, cfg, run_dir: str | Path, spec: EnvSpec, ranks=None):
-        """ranks: this rank's distributed.Ranks in a data-parallel run; None with one rank."""
+    def __init__(self, cfg, run_dir: str | Path, spec: EnvSpec, ranks=None, evaluations=NoEvaluations):
+        """ranks: this rank's launch.distributed.Ranks in a data-parallel run; None with one rank.
+        evaluations: what plays the run's weights during training, built as evaluations(cfg,
+        run_dir, sinks, resume_step) (the command passes evaluation.periodic.Evaluations; run/
+        sits below evaluation/ and never imports it)."""
         self.cfg = cfg
         self.ranks = ranks
         self.run_dir = Path(run_dir)
@@ -76,6 +100,8 @@ class TrainingRun:
             sum_over_ranks=ranks.sum_over_ranks if ranks is not None else None,
         )
         self.lock = threading.Lock()  # guards the learner and stats between updates and saves
+        # Rollouts with a step older than this many learner updates are not learned from (None: all are).
+        self.max_policy_lag = 0 if cfg.backend.synchronous else cfg.backend.max_policy_lag
         self.stop_requested = threading.Event()
         # What a stop signal sets. With several ranks, all must stop after the same update: a signal
         # only asks, and `update` stops every rank once they have agreed on it.
@@ -133,7 +159,7 @@ class TrainingRun:
             sinks.append(wandb_log)
         self.stats = Stats(start_step, cfg.total_steps, sinks, start_time_s=elapsed_s)
         eval_sinks = [sink for sink in sinks if hasattr(sink, "log_eval")]
-        self.evaluations = Evaluations(cfg, self.run_dir, eval_sinks, resume_step=start_step)
+        self.evaluations = evaluations(cfg, self.run_dir, eval_sinks, resume_step=start_step)
         self.stats.episodes = episodes
         self._last_save = time.monotonic()
         self._stop_if_target_reached()  # a run resumed after it met eval.stop_at_return stays complete
@@ -222,14 +248,25 @@ class TrainingRun:
         ends = batch["episode_end"][1:] & batch["mask"][1:]
         return steps, batch["episode_return"][1:][ends].tolist()
 
-    def update(self, batch: dict, initial_core_state: tuple, queues: dict, figures: tuple | None = None) -> dict | None:
+    def update(
+        self,
+        batch: dict,
+        initial_core_state: tuple,
+        queues: dict,
+        figures: tuple | None = None,
+        versions: BehaviourVersions | None = None,
+    ) -> dict | None:
         """One learner update on a batch [T+1, B, ...]; logs its row. Thread-safe.
 
-        figures: batch_figures(the batch's CPU copy); computed here from `batch` when not given.
-        A batch that arrives once total_steps is reached (another learner thread got there
-        first) is dropped, so every run ends at the same step count.
+        figures: batch_figures(the batch's CPU copy), versions: BehaviourVersions.of(it); computed
+        here from `batch` when not given. A batch that arrives once total_steps is reached (another
+        learner thread got there first) is dropped, so every run ends at the same step count.
+        Rollouts older than backend.max_policy_lag (synchronous: any lag) are masked out of the
+        update; their steps and episodes still count (they were played), and they are counted in
+        dropped_stale_rollouts.
         """
         steps, episode_returns = self.batch_figures(batch) if figures is None else figures
+        versions = BehaviourVersions.of(batch) if versions is None else versions
         with self.lock:
             if self.stats.step >= self.cfg.total_steps:
                 return None
@@ -238,9 +275,21 @@ class TrainingRun:
                 if agreed is None:
                     return None
                 steps, episode_returns = agreed
+            lag = lag_figures(versions, self.learner.updates)
+            stale = stale_rollouts(versions, self.learner.updates, self.max_policy_lag)
+            if len(stale):
+                batch = without_rollouts(batch, stale)
+                lag["dropped_stale_rollouts"] = len(stale)
+            elif self.max_policy_lag is not None:
+                lag["dropped_stale_rollouts"] = 0
             started = time.perf_counter()
-            update_stats = self.learner.update(batch, initial_core_state, steps)
+            if len(stale) < len(versions.oldest) or self.ranks is not None:
+                update_stats = self.learner.update(batch, initial_core_state, steps)
+            else:  # nothing fresh: no optimiser step (Adam's moments would move the weights anyway)
+                self.learner.steps += steps
+                update_stats = {}
             update_stats["update_ms"] = round(1000 * (time.perf_counter() - started), 2)
+            update_stats.update(lag)
             with writing(self.csv_path):
                 return self.stats.record(steps, episode_returns, update_stats, queues)
 

@@ -5,8 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from torchbeast_hydra.backends.settings import BackendConfig
+from torchbeast_hydra.backends.settings import MIN_ENVS, BackendConfig
 from torchbeast_hydra.errors import require
+
+MiB = 1024**2
+# An actor process's private memory: Python, torch, gymnasium and ale-py imported, its CPU copy of
+# the policy at work (calibrated on peak PSS of whole runs: benchmarks/memory.py).
+ACTOR_PROCESS_BYTES = 160 * MiB
 
 
 @dataclass
@@ -49,3 +54,19 @@ def check(cfg) -> None:
         f"backend.num_buffers={buffers} can deadlock with batch_size={cfg.batch_size}, "
         f"backend.envs_per_actor={backend.envs_per_actor}: use at least {needed}.",
     )
+
+
+def auto_actors(cores: int) -> tuple[int, int]:
+    """(num_actors, envs_per_actor) for a machine with this many cores: an actor per core but one
+    (the learner process's batching and Python need a core), at least 2, with MIN_ENVS envs in all
+    and at least 4 each: each actor evaluates its envs as one batch, and a batch of 8 costs a third
+    less a step than 4 (2 cores: 2 x 8, not 4 x 4: +9%; docs/performance.md)."""
+    actors = max(2, cores - 1)
+    return actors, max(4, -(-MIN_ENVS // actors))
+
+
+def memory(cfg, unroll_bytes: int, envs_bytes: int, weight_bytes: int) -> dict:
+    """What mono keeps in RAM beside the learner (backends/memory.py): the shared rollout buffers,
+    the actor processes with their envs (envs_bytes) and their shared copy of the weights."""
+    acting = cfg.backend.num_actors * ACTOR_PROCESS_BYTES + envs_bytes
+    return {"rollout buffers": num_buffers(cfg) * unroll_bytes, "actors": acting + weight_bytes}

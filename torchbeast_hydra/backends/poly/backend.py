@@ -9,6 +9,7 @@ role=env   env client processes only (run_env_clients), connecting to backend.ad
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -23,6 +24,7 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from torchbeast_hydra.agent.models import make_model
+from torchbeast_hydra.backends.loop import Backend
 from torchbeast_hydra.backends.poly import local, wire
 from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
 from torchbeast_hydra.backends.poly.client import (
@@ -36,7 +38,8 @@ from torchbeast_hydra.backends.poly.client import (
 from torchbeast_hydra.backends.poly.rollouts import RolloutQueue
 from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings, finite_rows, make_server
 from torchbeast_hydra.backends.poly.settings import LocalTransport, PolyRole, split_address
-from torchbeast_hydra.env.native import envs_maker
+from torchbeast_hydra.backends.poly.shards import LocalClients, ShardedServer, ShardPlan, auto_shards
+from torchbeast_hydra.env.engines import envs_maker
 from torchbeast_hydra.env.spaces import probe_env
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning import accel
@@ -44,7 +47,6 @@ from torchbeast_hydra.logs.metrics import measured
 from torchbeast_hydra.run.devices import usable_cores
 from torchbeast_hydra.run.signals import StopOnSignals
 from torchbeast_hydra.run.supervision import ActorProcesses
-from torchbeast_hydra.run.training import Backend
 from torchbeast_hydra.run.training_run import TrainingRun
 
 log = logging.getLogger(__name__)
@@ -69,10 +71,10 @@ def resolve_token(backend) -> str:
 
 def client_envs(cfg):
     """(env config, envs maker) for a machine's env clients: each steps its envs on its share of
-    the cores (Atari's native vector env: threads)."""
+    the cores (the C++ engines' threads: env.engine)."""
     env_cfg = OmegaConf.to_object(cfg.env)
     threads = max(1, usable_cores() // cfg.backend.num_actors)
-    return env_cfg, envs_maker(env_cfg, threads, native=cfg.backend.vector_env)
+    return env_cfg, envs_maker(env_cfg, threads, vector_env=cfg.backend.vector_env)
 
 
 def local_clients(cfg, address: str, token: str, max_message_bytes: int) -> ActorProcesses:
@@ -117,6 +119,18 @@ def client_processes(start, backend) -> ActorProcesses:
     )
 
 
+def server_shards(backend) -> int:
+    """backend.server_shards, or (0) one per 4 cores (shards.auto_shards), no more than role=all's
+    own clients; backend.synchronous keeps the server in the learner's process (its sessions wait
+    on the learner's weights there)."""
+    if backend.synchronous:
+        return 1
+    if backend.server_shards:
+        return backend.server_shards
+    shards = auto_shards(usable_cores())
+    return min(shards, backend.num_actors) if PolyRole(backend.role) is PolyRole.all else shards
+
+
 class PolyBeast(Backend):
     """Rollouts assembled by the ActorPool server from its clients' steps, with central inference."""
 
@@ -128,6 +142,16 @@ class PolyBeast(Backend):
         on_gpu = run.device.type == "cuda"
         self.rollouts = RolloutQueue(backend.learner_queue_size, pin=on_gpu)
         self.central = CentralInference(self.policy, self.weights_lock, self.publisher, run.device, self.bf16_acting)
+        self.max_message_bytes = wire.max_message_bytes(run.spec, backend.max_envs_per_client)
+        self.server = None
+        self.clients = None
+        self.address = None  # HOST:PORT once serving
+        settings = ServerSettings.from_config(cfg, float_limit=self.float_limit)
+        self.shards = server_shards(backend)
+        self.pool = self.inference = self.sharded = None
+        if self.shards > 1:
+            self.sharded = self._sharded_server(settings)
+            return
         self.inference = DynamicBatcher(
             self.central,
             backend.max_batch_size,
@@ -140,16 +164,49 @@ class PolyBeast(Backend):
         )
         self.pool = ActorPool(
             run.spec,
-            ServerSettings.from_config(cfg, float_limit=self.float_limit),
+            settings,
             token=self.token,
             inference=self.inference,
             initial_state=self._initial_state,
             emit=self._enqueue,
+            newer_weights=self._newer_weights if backend.synchronous else None,
         )
-        self.max_message_bytes = wire.max_message_bytes(run.spec, backend.max_envs_per_client)
-        self.server = None
-        self.clients = None
-        self.address = None  # HOST:PORT once serving
+
+    def _sharded_server(self, settings: ServerSettings) -> ShardedServer:
+        """backend.server_shards > 1: the server's work in shard processes (shards.py)."""
+        backend, shards = self.cfg.backend, self.shards
+        plan = ShardPlan(
+            spec=self.run.spec,
+            settings=dataclasses.replace(settings, max_clients=-(-backend.max_clients // shards)),
+            token=self.token,
+            max_message_bytes=self.max_message_bytes,
+            max_batch_size=backend.max_batch_size,
+            batch_timeout_s=backend.batch_timeout_ms / 1000,
+            initial_state=self._initial_state(1),
+        )
+        local = None
+        role, transport = PolyRole(backend.role), LocalTransport(backend.local_transport)
+        if role is PolyRole.all and transport is LocalTransport.shared_memory:
+            _, make_envs = client_envs(self.cfg)
+            indices = tuple(range(backend.num_actors))
+            local = LocalClients(indices, backend.envs_per_actor, make_envs, backend.max_actor_restarts)
+        return ShardedServer(
+            plan,
+            shards,
+            backend.address,
+            self.central,
+            self.rollouts,
+            local=local,
+            pin=self.device.type == "cuda",
+            on_error=self._inference_failed,
+            max_restarts=backend.max_actor_restarts,
+            setup=lambda: torch.set_num_threads(backend.inference_torch_threads),
+        )
+
+    @property
+    def serving(self):
+        """What serves the clients: the ActorPool in this process, or the shards."""
+        return self.sharded if self.sharded is not None else self.pool
 
     # -- acting ------------------------------------------------------------------------------
 
@@ -163,6 +220,10 @@ class PolyBeast(Backend):
             log.error("Central inference failed: %s: %s", type(error).__name__, error)
         self.fail(error)
 
+    def _newer_weights(self, version: int) -> None:
+        """backend.synchronous: a session waits at its unrolls' end for weights newer than version."""
+        self.publisher.wait_for_newer(version, self.pool.stopping)
+
     def _enqueue(self, rollouts: dict, core_state: tuple) -> None:
         """Hands rollouts to the learner; waits while its queue is full (back-pressure)."""
         self.rollouts.put(rollouts, core_state, self.pool.stopping)
@@ -170,6 +231,13 @@ class PolyBeast(Backend):
     # -- what Backend asks for ---------------------------------------------------------------
 
     def start(self) -> None:
+        if self.sharded is not None:
+            self._start_shards()
+            if PolyRole(self.cfg.backend.role) is PolyRole.all and self.sharded.local is None:
+                address = f"127.0.0.1:{self.sharded.port}"
+                self.clients = local_clients(self.cfg, address, self.token, self.max_message_bytes)
+                self.clients.start()
+            return
         self.server, port = self._start_server()
         backend = self.cfg.backend
         if PolyRole(backend.role) is PolyRole.all:
@@ -181,6 +249,8 @@ class PolyBeast(Backend):
 
     def wait(self, timeout: float) -> None:
         time.sleep(timeout)
+        if self.sharded is not None:
+            self.sharded.supervise(replace=not self.run.stopping)
         if self.clients is not None:
             self.clients.supervise(replace=not self.run.stopping)
 
@@ -188,21 +258,21 @@ class PolyBeast(Backend):
         got = self.rollouts.get_batch(self.cfg.batch_size, lambda: self.run.done)
         if got is None:
             return None
-        batches = self.inference.take_stats()
+        batches = (self.inference or self.sharded.central).take_stats()
         sizes, seconds = zip(*batches) if batches else ((), ())
         observed = dict(
             learner_queue_size=self.rollouts.qsize(),
             gather_ms=round(1000 * self.rollouts.assembly_s, 3),
-            server_us_per_step=measured(self.pool.take_step_stats()),
+            server_us_per_step=measured(self.serving.take_step_stats()),
             inference_batch_size=round(statistics.fmean(sizes), 2) if sizes else "",
             inference_ms=round(1000 * statistics.fmean(seconds), 3) if seconds else "",
-            connected_clients=self.pool.connected,
+            connected_clients=self.serving.connected,
         )
         return (*got, observed)
 
     def describe(self) -> dict:
         backend = self.cfg.backend
-        if self.clients is not None:
+        if self.clients is not None or (self.sharded is not None and self.sharded.local is not None):
             envs = backend.num_actors * backend.envs_per_actor
             acting = (
                 f"{backend.num_actors} local env clients x {backend.envs_per_actor} envs = {envs} envs, "
@@ -211,7 +281,8 @@ class PolyBeast(Backend):
         else:
             acting = "env clients connect from other machines (backend.role=env)"
         return dict(
-            backend=f"poly (role={PolyRole(backend.role).value}), ActorPool server on {self.address}",
+            backend=f"poly (role={PolyRole(backend.role).value}), ActorPool server on {self.address}"
+            + (f" in {self.shards} shard processes" if self.sharded is not None else ""),
             acting=f"{acting}; central inference on {self.device.type}, up to {backend.max_batch_size} envs a batch",
         )
 
@@ -219,7 +290,16 @@ class PolyBeast(Backend):
         return self.cfg.backend.num_actors if PolyRole(self.cfg.backend.role) is PolyRole.all else 0
 
     def progress(self) -> str:
-        return f" Clients {self.pool.connected}, learner queue {self.rollouts.qsize()}."
+        return f" Clients {self.serving.connected}, learner queue {self.rollouts.qsize()}."
+
+    def _start_shards(self) -> None:
+        try:
+            port = self.sharded.start()
+        except RuntimeError as error:
+            raise ConfigError(
+                f"backend.address={self.cfg.backend.address}: {error}; is another learner using that port?"
+            ) from None
+        self._announce(port)
 
     def _start_server(self) -> tuple[grpc.Server, int]:
         backend = self.cfg.backend
@@ -230,7 +310,12 @@ class PolyBeast(Backend):
                 f"cannot listen on backend.address={backend.address} ({error}); is another learner using that port?"
             ) from None
         server.start()
-        host, _ = split_address(backend.address)
+        self._announce(port)
+        return server, port
+
+    def _announce(self, port: int) -> None:
+        """Writes the address file clients may read, and says where clients connect."""
+        host, _ = split_address(self.cfg.backend.address)
         # Each data-parallel rank serves its own env clients: rank r > 0 names its file .rankR.
         name = ADDRESS_FILE if self.run.is_main else f"{ADDRESS_FILE}.rank{self.run.ranks.rank}"
         write_address_file(self.run.run_dir / name, host, port)
@@ -244,12 +329,16 @@ class PolyBeast(Backend):
             port,
             TOKEN_ENV_VAR,
         )
-        return server, port
 
     def shut_down(self) -> None:
         """Ends the clients' streams at their next step, then stops serving. Remote clients exit
         only if training is complete; otherwise they wait to reconnect to a restarted learner."""
         complete = self.run.complete
+        if self.sharded is not None:
+            self.sharded.stop(finished=complete or PolyRole(self.cfg.backend.role) is PolyRole.all)
+            if self.clients is not None:
+                self.clients.stop(timeout=10.0)
+            return
         reason = "training finished" if complete else "the learner was stopped; its run resumes when started again"
         self.pool.stop(finished=complete or self.clients is not None, reason=reason)
         deadline = time.monotonic() + 5.0
@@ -318,6 +407,10 @@ class CentralInference:
             state = self.policy.state_dict()
             return [name for name, t in state.items() if t.is_floating_point() and not torch.isfinite(t).all()]
 
+    def _version(self) -> int:
+        """The acting weights' version (WeightPublisher.version; 0 without a publisher: a fixed policy)."""
+        return 0 if self.publisher is None else int(self.publisher.version)
+
     def _on_stream(self):
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
 
@@ -338,8 +431,10 @@ class CentralInference:
         env_outputs = {key: inputs[key].unsqueeze(0) for key in inputs if key not in states}
         core_state = tuple(inputs[key].transpose(0, 1) for key in states)  # the model makes it contiguous
         with torch.no_grad(), self.weights_lock:
+            version = self._version()
             outputs, core_state = self._act(env_outputs, core_state)
         result = {key: value[0] for key, value in outputs.items()}
+        result["policy_version"] = torch.full(result["baseline"].shape, version, dtype=torch.int64)
         for i, state in enumerate(core_state):
             result[f"core_state_{i}"] = state.transpose(0, 1)
         return result
@@ -355,6 +450,7 @@ class CentralInference:
             core_state = tuple(moved[key].transpose(0, 1) for key in states)
             with self.weights_lock:  # held to queue the work; the publisher orders its copy by events
                 self.publisher.wait_for_weights(stream)
+                version = self._version()  # the weights this stream reads, once the copy is done
                 outputs, core_state = self._act(env_outputs, core_state)
                 done = torch.cuda.Event()
                 done.record(stream)
@@ -364,6 +460,7 @@ class CentralInference:
             for i, state in enumerate(core_state):
                 result[f"core_state_{i}"] = state.transpose(0, 1).to("cpu", non_blocking=True)
         stream.synchronize()
+        result["policy_version"] = torch.full(result["baseline"].shape, version, dtype=torch.int64)
         return result
 
 

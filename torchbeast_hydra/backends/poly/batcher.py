@@ -38,16 +38,19 @@ class DynamicBatcher:
         name: str = "batcher",
         on_error: Callable[[BaseException], None] | None = None,
         pin: bool = False,
+        assemble: Callable[[list], Tensors] | None = None,
     ):
         """producers: how many callers there are (no waiting once all are in a batch);
         setup: run first on the worker thread (e.g. torch.set_num_threads, which is per thread);
         on_error: called with an exception fn raised (on the worker thread);
-        pin: batches assembled in pinned memory (bound for a GPU: the copy there is asynchronous)."""
+        pin: batches assembled in pinned memory (bound for a GPU: the copy there is asynchronous);
+        assemble: makes one batch of the requests instead (a server shard: into shared memory)."""
         self.fn = fn
         self.producers = producers
         self.setup = setup
         self.on_error = on_error
         self.pin = pin
+        self.assemble = assemble
         self.max_batch_size = max_batch_size
         self.timeout_s = timeout_s
         self._requests = queue.Queue()
@@ -146,6 +149,8 @@ class DynamicBatcher:
 
     def _assemble(self, requests: list) -> Tensors:
         """One batch from the requests: concatenated (into pinned memory if pin), in one copy."""
+        if self.assemble is not None:
+            return self.assemble(requests)
         if len(requests) == 1 and not self.pin:
             return requests[0]
         return {key: _concat([request[key] for request in requests], self.pin) for key in requests[0]}

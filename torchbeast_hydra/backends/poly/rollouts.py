@@ -45,6 +45,9 @@ class RolloutBuilder:
         self.unroll_length = unroll_length
         self.cut_at_reset = cut_at_reset
         self.emit = emit
+        # An emitter that copies what it is given before it returns (a shard's: shards.SharedEmit)
+        # gets views of the rows, which the builder then overwrites: one copy, not two.
+        self.emit_takes_views = getattr(emit, "takes_views", False)
         self.envs = np.arange(num_envs)
         self.rows = {
             key: np.zeros((unroll_length + 1, num_envs, *shape), _numpy_dtype(dtype))
@@ -111,7 +114,9 @@ class RolloutBuilder:
 
     def _emit_chunk(self, envs: np.ndarray) -> None:
         a, b = int(envs[0]), int(envs[-1]) + 1
-        if b - a == len(envs):  # a run of envs: a plain slice (a view), copied once
+        if b - a == len(envs) and self.emit_takes_views:  # the emitter copies: views it is
+            rollouts = {key: torch.from_numpy(rows[:, a:b]) for key, rows in self.rows.items()}
+        elif b - a == len(envs):  # a run of envs: a plain slice (a view), copied once
             rollouts = {key: torch.from_numpy(rows[:, a:b].copy()) for key, rows in self.rows.items()}
         else:  # fancy indexing copies already
             rollouts = {key: torch.from_numpy(rows[:, envs]) for key, rows in self.rows.items()}
@@ -148,7 +153,7 @@ class RolloutQueue:
         """pin: batches are assembled in pinned memory (bound for a GPU: no second staging copy)."""
         self.capacity = capacity
         self.pin = pin
-        self._chunks = collections.deque()  # [rollouts, state, first column not yet taken]
+        self._chunks = collections.deque()  # [rollouts, state, first column not yet taken, release]
         self._size = 0
         self._changed = threading.Condition()
         self.assembly_s = 0.0  # time the last get_batch spent cutting and joining
@@ -156,14 +161,18 @@ class RolloutQueue:
     def qsize(self) -> int:
         return self._size
 
-    def put(self, rollouts: dict, state: tuple, stopping: threading.Event) -> None:
-        """Queues a chunk; waits while the queue is full, unless stopping is set."""
+    def put(self, rollouts: dict, state: tuple, stopping: threading.Event, release=None) -> None:
+        """Queues a chunk; waits while the queue is full, unless stopping is set. release: the chunk's
+        tensors are a server shard's slot (shards.py): get_batch copies what it takes of them, and
+        calls release once it has taken all."""
         with self._changed:
             while self._size >= self.capacity and not stopping.is_set():
                 self._changed.wait(timeout=0.5)
             if stopping.is_set():
+                if release is not None:
+                    release()
                 return
-            self._chunks.append([rollouts, state, 0])
+            self._chunks.append([rollouts, state, 0, release])
             self._size += width(rollouts)
             self._changed.notify_all()
 
@@ -171,6 +180,7 @@ class RolloutQueue:
         """B rollouts as (batch [T+1, B, ...], core state [layers, B, ...]); None once done()."""
         pieces = []
         needed = batch_size
+        copying = 0.0  # seconds copying out of shards' slots
         with self._changed:
             while needed:
                 while not self._chunks:
@@ -178,12 +188,19 @@ class RolloutQueue:
                         return None
                     self._changed.wait(timeout=0.2)
                 chunk = self._chunks[0]
-                rollouts, state, first = chunk
+                rollouts, state, first, release = chunk
                 take = min(needed, width(rollouts) - first)
-                pieces.append((rollouts, state, first, first + take))
                 chunk[2] += take
+                if release is None:
+                    pieces.append((rollouts, state, first, first + take))
+                else:  # a shard's slot: copied out at once, and given back once wholly taken
+                    copy_started = time.perf_counter()
+                    pieces.append((*_taken(rollouts, state, first, first + take, self.pin), 0, take))
+                    copying += time.perf_counter() - copy_started
                 if chunk[2] == width(rollouts):
                     self._chunks.popleft()
+                    if release is not None:
+                        release()
                 self._size -= take
                 needed -= take
             self._changed.notify_all()
@@ -192,14 +209,24 @@ class RolloutQueue:
         batch = _join(columns, 1, self.pin)
         states = _join([tuple(s[a:b] for s in state) for _, state, a, b in pieces], 0, False)
         result = batch, tuple(_copy(s.transpose(0, 1), self.pin) for s in states)
-        self.assembly_s = time.perf_counter() - started
+        self.assembly_s = time.perf_counter() - started + copying
         return result
+
+
+def _taken(rollouts: dict, state: tuple, a: int, b: int, pin: bool) -> tuple:
+    """Columns a:b of a chunk and their states, copied (into pinned memory if pin)."""
+    taken = {key: _into(value[:, a:b], pin) for key, value in rollouts.items()}
+    return taken, tuple(s[a:b].clone() for s in state)
+
+
+def _into(tensor: torch.Tensor, pin: bool) -> torch.Tensor:
+    return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=pin).copy_(tensor)
 
 
 def _join(parts: list, dim: int, pin: bool):
     """Concatenates dicts or tuples of tensors along dim; a single part is returned as it is (views),
-    unless pin: then everything is copied once, into pinned memory."""
-    if len(parts) == 1 and not pin:
+    unless pin: then everything is copied once, into pinned memory (unless pinned already)."""
+    if len(parts) == 1 and (not pin or _pinned(parts[0])):
         return parts[0]
     if isinstance(parts[0], dict):
         return {key: _cat([part[key] for part in parts], dim, pin) for key in parts[0]}
@@ -210,6 +237,11 @@ def _cat(tensors: list, dim: int, pin: bool) -> torch.Tensor:
     shape = list(tensors[0].shape)
     shape[dim] = sum(t.shape[dim] for t in tensors)
     return torch.cat(tensors, dim, out=torch.empty(shape, dtype=tensors[0].dtype, pin_memory=pin))
+
+
+def _pinned(part) -> bool:
+    values = part.values() if isinstance(part, dict) else part
+    return all(value.is_pinned() for value in values)
 
 
 def _copy(tensor: torch.Tensor, pin: bool) -> torch.Tensor:

@@ -25,6 +25,7 @@ import time
 import warnings
 from concurrent import futures
 from dataclasses import dataclass
+from typing import Iterator
 
 import grpc
 import numpy as np
@@ -114,8 +115,12 @@ class ActorPool:
         inference: DynamicBatcher,
         initial_state,
         emit: Emit,
+        newer_weights=None,
+        client_ids: Iterator[int] | None = None,
     ):
-        """initial_state: num_envs -> tuple of [num_envs, ...] tensors; emit: takes finished rollouts.
+        """initial_state: num_envs -> tuple of [num_envs, ...] tensors; emit: takes finished rollouts;
+        newer_weights(version): with backend.synchronous, waits for acting weights newer than version;
+        client_ids: the ids (and so the env seeds) this pool gives clients (a shard's own: shards.py).
         Whatever inference raises (a NaN action, a model's bug, CUDA out of memory) reaches its
         owner through the batcher's on_error and stops the run; the streams end as the learner stops."""
         self.spec = spec
@@ -124,10 +129,11 @@ class ActorPool:
         self.inference = inference
         self.initial_state = initial_state
         self.emit = emit
+        self.newer_weights = newer_weights
         self.stopping = threading.Event()
         self.finished = False  # on stopping: clients exit (True) or reconnect to a restarted learner
         self.finished_reason = "training finished"  # what exiting clients are told
-        self._ids = itertools.count()
+        self._ids = client_ids if client_ids is not None else itertools.count()
         self._lock = threading.Lock()
         self.connected = 0
         self.rejected = 0  # streams ended for a bad token, env or message
@@ -236,10 +242,15 @@ class ActorPool:
 
     def take_step_stats(self) -> float | None:
         """CPU microseconds of server work per env step since the last call (None without steps)."""
-        with self._lock:
-            seconds, envs = self._step_seconds, self._step_envs
-            self._step_seconds, self._step_envs = 0.0, 0
+        seconds, envs = self.take_step_totals()
         return 1e6 * seconds / envs if envs else None
+
+    def take_step_totals(self) -> tuple[float, int]:
+        """(CPU seconds, env steps) of server work since the last call (a shard sums them: shards.py)."""
+        with self._lock:
+            totals = self._step_seconds, self._step_envs
+            self._step_seconds, self._step_envs = 0.0, 0
+        return totals
 
     def _open(self, stream: "Stream") -> None:
         with self._lock:
@@ -355,8 +366,11 @@ class Stream:
         self.context.cancel()
 
 
-def make_server(pool: ActorPool, address: str, max_message_bytes: int) -> tuple[grpc.Server, int]:
+def make_server(
+    pool: ActorPool, address: str, max_message_bytes: int, reuse_port: bool = False
+) -> tuple[grpc.Server, int]:
     """A gRPC server for the pool on address (HOST:PORT, port 0 for any); returns it unstarted, and its port.
+    reuse_port: other processes may listen on the same port (server shards: shards.py).
 
     gRPC itself turns away streams beyond pool.settings.max_clients + REFUSAL_HEADROOM with a terse
     RESOURCE_EXHAUSTED; up to there the pool refuses them with a message that names the setting.
@@ -365,7 +379,7 @@ def make_server(pool: ActorPool, address: str, max_message_bytes: int) -> tuple[
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=limit + 2, thread_name_prefix="actorpool"),
         handlers=[pool.handler()],
-        options=wire.channel_options(max_message_bytes),
+        options=wire.channel_options(max_message_bytes) + ([("grpc.so_reuseport", 1)] if reuse_port else []),
         maximum_concurrent_rpcs=limit,
     )
     port = server.add_insecure_port(address)
@@ -389,10 +403,27 @@ class Session:
             pool.settings.chunk_size,
         )
         self.discarded = False  # set when the client is refused: close() then hands nothing on
+        self.newer_weights = pool.newer_weights
 
     def step(self, env_outputs: dict) -> np.ndarray:
         inputs = {key: torch.from_numpy(env_outputs[key]) for key in self.policy_inputs}
         inputs.update({f"core_state_{i}": s for i, s in enumerate(self.core_state)})
+        arrays = self._infer(inputs)
+        # Only now, answered with finite outputs, does the step enter the unrolls (and maybe end one).
+        ends = (self.builder.cursor + 1 == self.builder.unroll_length).any()
+        self.builder.add(env_outputs, self.core_state)
+        if ends and self.newer_weights is not None:
+            # backend.synchronous: the finished unrolls are with the learner; the next one's first
+            # action is chosen again, by weights newer than those that chose this one.
+            self.newer_weights(int(arrays["policy_version"].max()))
+            arrays = self._infer(inputs)
+        self.core_state = tuple(torch.from_numpy(arrays[f"core_state_{i}"]) for i in range(len(self.core_state)))
+        self.builder.set_agent_outputs(arrays)
+        return arrays["action"]
+
+    def _infer(self, inputs: dict) -> dict:
+        """The policy's outputs for these inputs (numpy arrays); a client whose envs get non-finite
+        ones is refused."""
         try:
             outputs = self.inference(inputs)
         except BatcherClosed:
@@ -401,11 +432,7 @@ class Session:
             raise InferenceFailed(f"central inference failed: {type(error).__name__}: {error}") from error
         arrays = {key: value.numpy() for key, value in outputs.items()}
         self._refuse_non_finite(arrays)
-        # Only now, answered with finite outputs, does the step enter the unrolls (and maybe end one).
-        self.builder.add(env_outputs, self.core_state)
-        self.core_state = tuple(outputs[f"core_state_{i}"] for i in range(len(self.core_state)))
-        self.builder.set_agent_outputs(arrays)
-        return arrays["action"]
+        return arrays
 
     def _refuse_non_finite(self, outputs: dict) -> None:
         finite = finite_rows(outputs)

@@ -10,6 +10,11 @@ from typing import Optional
 from torchbeast_hydra.backends.settings import BackendConfig
 from torchbeast_hydra.errors import ConfigError, require
 
+MiB = 1024**2
+# An env client process's private memory: no model, no torch work (calibrated on peak PSS of
+# whole runs: benchmarks/memory.py).
+ENV_CLIENT_BYTES = 45 * MiB
+
 
 class PolyRole(enum.Enum):
     all = "all"  # the learner plus local env clients
@@ -56,6 +61,10 @@ class PolyConfig(BackendConfig):
     # role=all's env clients: over shared memory (no gRPC framing; the same checks, sessions and
     # seeds), or over gRPC on loopback as remote clients connect. role=env always speaks gRPC.
     local_transport: LocalTransport = LocalTransport.shared_memory
+    # Processes the server's work (wire decoding, checks, unroll assembly) is spread over, each with
+    # its own GIL, all serving on backend.address; central inference stays one batched pass in the
+    # learner. 0: one per 4 cores (1 below 8 cores); 1: all in the learner's process.
+    server_shards: int = 0
 
 
 ADDRESS_FILE_PREFIX = "file:"
@@ -86,10 +95,56 @@ def check(cfg) -> None:
     require(backend.batch_timeout_ms >= 0, "backend.batch_timeout_ms must be >= 0.")
     require(backend.connect_timeout_s > 0, "backend.connect_timeout_s must be positive.")
     require(backend.client_idle_timeout_s > 0, "backend.client_idle_timeout_s must be positive.")
+    require(backend.server_shards >= 0, "backend.server_shards must be >= 0 (0: from the cores).")
     require(backend.inference_torch_threads >= 1, "backend.inference_torch_threads must be at least 1.")
     require(backend.max_envs_per_client >= 1, "backend.max_envs_per_client must be at least 1.")
+    require(
+        not backend.synchronous or backend.server_shards <= 1,
+        "backend.synchronous=true keeps poly's server in the learner's process: set backend.server_shards=1 (or 0).",
+    )
+    if backend.synchronous:  # sessions wait at whole unrolls' ends, for the envs the learner knows
+        require(role is PolyRole.all, "backend.synchronous=true needs backend.role=all (the learner's own envs).")
+        require(not backend.cut_at_reset, "backend.synchronous=true needs backend.cut_at_reset=false (whole unrolls).")
     require(
         backend.envs_per_actor <= backend.max_envs_per_client,
         f"backend.envs_per_actor={backend.envs_per_actor} is above backend.max_envs_per_client="
         f"{backend.max_envs_per_client}, which sizes the message limit: raise it.",
     )
+
+
+def auto_actors(cores: int) -> tuple[int, int]:
+    """(num_actors, envs_per_actor) for a machine with this many cores: a client per 4 cores, at
+    least 2 (each steps its envs on cores // clients native threads, Atari), with 4 envs per thread
+    in each message and at least 16: many envs per message keeps the server's per-message cost
+    small (2 cores: 2 x 16, not 4 x 4: +35%; docs/performance.md)."""
+    clients = max(2, cores // 4)
+    return clients, max(16, 4 * (cores // clients))
+
+
+def learns(backend) -> bool:
+    """role=env runs env clients only: no learner, no run state, no memory check."""
+    return PolyRole(backend.role) is not PolyRole.env
+
+
+def memory(cfg, unroll_bytes: int, envs_bytes: int, weight_bytes: int) -> dict:
+    """What poly keeps in RAM beside the learner (backends/memory.py): the learner's queue of
+    rollouts and, with role=all, its own env clients and their unrolls in progress (remote
+    clients' envs are unknown here); role=env: the env clients alone."""
+    backend = cfg.backend
+    role = PolyRole(backend.role)
+    clients = backend.num_actors * ENV_CLIENT_BYTES + envs_bytes
+    if role is PolyRole.env:
+        return {"env clients": clients}
+    in_progress = backend.num_actors * backend.envs_per_actor if role is PolyRole.all else 0
+    parts = {"rollout queue": (backend.learner_queue_size + in_progress) * unroll_bytes}
+    if role is PolyRole.all:
+        parts["env clients"] = clients
+    return parts
+
+
+def for_rank(backend, local_rank: int) -> None:
+    """A data-parallel rank's server address: a fixed port is rank 0's, and each rank on a machine
+    serves its own (the next ports); port 0 picks a free one anyway."""
+    host, _, port = backend.address.rpartition(":")
+    if port.isdigit() and int(port) != 0:
+        backend.address = f"{host}:{int(port) + local_rank}"
