@@ -15,11 +15,12 @@ from helpers import TINY, compose_config, run_cli
 
 CONF = Path(CONFIG_DIR)
 # Hydra's own groups extend Hydra's schemas; presets and ablations (global overrides of a preset)
-# are checked against the composed config below.
+# are checked against the composed config below; pbt's options (global: they set the sweeper too)
+# in tests/test_pbt.py.
 OPTION_FILES = sorted(
     p.relative_to(CONF).as_posix()
     for p in CONF.rglob("*.yaml")
-    if p.relative_to(CONF).parts[0] not in ("hydra", "experiment", "ablation")
+    if p.relative_to(CONF).parts[0] not in ("hydra", "experiment", "ablation", "pbt")
 )
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 

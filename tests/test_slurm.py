@@ -329,3 +329,36 @@ def test_ranks_preset_trains_two_ranks_in_one_job_dir_and_resumes_after_a_requeu
     ), "one job dir for both ranks and both attempts"
     took = time.monotonic() - started
     print(f"{how}: 2 ranks stopped at step {stopped}, resumed, finished at {total} in {took:.0f} s")
+
+
+def test_a_population_runs_as_a_slurm_array_whose_members_meet_in_the_sweep_dir(slurm_cluster, tmp_path):
+    # pbt=default on the SLURM launcher: the members are the array's tasks, each in its own job dir,
+    # all publishing to SWEEP_DIR/pbt; with start values 0.01 and 1e-7, member 1 copies member 0.
+    from torchbeast_hydra.pbt import population
+
+    sweep = tmp_path / "sweep"
+    result = run_sweep(
+        sweep,
+        *JOB,
+        *SLURM,
+        f"hydra.launcher.partition={slurm_cluster}",
+        "pbt=default",
+        "pbt.population=2",
+        "total_steps=8192",
+        "pbt.interval_steps=2048",
+        "pbt.start=config",
+        "pbt.mutate.optim.learning_rate.low=1e-7",
+        "pbt.mutate.optim.learning_rate.start=[0.01,1e-7]",
+        "eval.interval_steps=0",
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    members = sorted(p.name for p in sweep.iterdir() if p.name.startswith("pbt.member="))
+    assert members == ["pbt.member=0", "pbt.member=1"] and population.is_population(sweep / "pbt")
+    for name in members:
+        assert checkpoint.load(checkpoint.path_in(sweep / name))["step"] == 8192
+    rows = population.read_table(sweep / "pbt")
+    for member in (0, 1):
+        published = [r["step"] for r in rows if r["member"] == member and r["event"] == "publish"]
+        assert published[-1] == 8192 and len(published) >= 3
+    assert len(job_ids(sweep)) == 2  # one array job, two tasks

@@ -27,6 +27,8 @@ from torchbeast_hydra.launch.jobs import LaunchError, check_launcher_plugin, han
 from torchbeast_hydra.learning.learner import NonFiniteUpdate
 from torchbeast_hydra.logs.metrics import RecentReturns, read_rows
 from torchbeast_hydra.overrides import check_overrides
+from torchbeast_hydra.pbt import member as pbt
+from torchbeast_hydra.pbt import population
 from torchbeast_hydra.run import checkpoint
 from torchbeast_hydra.run.checkpoint import CheckpointError
 from torchbeast_hydra.run.devices import resolve_device
@@ -119,7 +121,12 @@ def final_return(training_run) -> float:
 
 
 def trained_run_dir(cfg: DictConfig, run_dir: Path) -> Path:
-    """mode=test's trained run: load_dir, else this run dir when started in a trained run's dir."""
+    """mode=test's trained run: load_dir (a population's dir: its best member's latest published
+    checkpoint), else this run dir when started in a trained run's dir."""
+    if cfg.load_dir and population.is_population(Path(cfg.load_dir)):  # its best member
+        best, row = population.best_member(Path(cfg.load_dir))
+        log.info("Playing the population's best member, %d (score %.2f at step %d).", best, row["score"], row["step"])
+        return population.member_dir(Path(cfg.load_dir), best)
     if cfg.load_dir:
         return Path(cfg.load_dir)
     if not checkpoint.path_in(run_dir).exists():
@@ -165,9 +172,12 @@ def run(cfg: DictConfig) -> float:
     from torchbeast_hydra.run.training_run import TrainingRun
 
     training_run = TrainingRun(cfg, run_dir, spec, ranks, evaluations=Evaluations)
+    member = pbt.join(cfg, training_run)  # a population's member: its hyperparameters change as it trains
     with distributed.running(ranks, spawned) if ranks is not None else contextlib.nullcontext():
         try:
             backend.load().train(cfg, training_run)
+            if member is not None:
+                member.finish()
         finally:
             training_run.close()
     if not training_run.complete:  # stopped early: under submitit, requeue (see launch/jobs.py)
@@ -180,7 +190,7 @@ def main(cfg: DictConfig) -> float:
     """A Hydra task: its return value is what sweepers (hydra/sweeper=optuna, ...) optimise."""
     try:
         return run(cfg)
-    except (ConfigError, CheckpointError) as error:  # before training: nothing to save
+    except (ConfigError, CheckpointError, population.PopulationError) as error:  # before training: nothing to save
         log.error("error: %s", error)
         cause = error.__cause__
         if cause is not None:  # e.g. a bug in a user's env: its traceback, after the one clear line

@@ -54,6 +54,8 @@ from torchbeast_hydra.learning import settings as learning_settings
 from torchbeast_hydra.learning.settings import AccelConfig, AdamConfig, RMSPropConfig, VtraceConfig
 from torchbeast_hydra.logs import settings as logs_settings
 from torchbeast_hydra.logs.settings import LoggerConfig
+from torchbeast_hydra.pbt import settings as pbt_settings
+from torchbeast_hydra.pbt.settings import KeyMutation, PbtConfig
 from torchbeast_hydra.run import settings as run_settings
 
 
@@ -74,6 +76,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     accel: AccelConfig = field(default_factory=AccelConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)  # ranks beyond one: launch/distributed.py
+    pbt: PbtConfig = field(default_factory=PbtConfig)  # population-based training: pbt/, docs/pbt.md
 
     mode: Mode = Mode.train  # train | test
     seed: int = 1  # the network's initialisation and every env's and actor's randomness derive from it
@@ -109,6 +112,7 @@ SCHEMAS = {
     "vtrace": dict(base_vtrace=VtraceConfig),
     "optim": dict(base_rmsprop=RMSPropConfig, base_adam=AdamConfig),
     "backend": {f"base_{name}": kind.schema for name, kind in registry.BACKENDS.items()},
+    "pbt": dict(base_pbt=PbtConfig, base_key_mutation=KeyMutation),  # conf/pbt/ sets the root's pbt (global)
 }
 SCHEMA_PREFIX = "base_"
 
@@ -131,6 +135,7 @@ CHECKS = (
     backend_settings.check,
     evaluation_settings.check,
     launch_settings.check,
+    pbt_settings.check,
 )
 
 

@@ -342,6 +342,8 @@ def reference(conf: Path) -> str:
     nested = []
     for field in dataclasses.fields(root):
         factory = field.default_factory
+        if field.name in group_names:  # a group's own section says it (pbt: its options set the root's key)
+            continue
         if factory is not dataclasses.MISSING and dataclasses.is_dataclass(made := factory()):
             nested.append((field.name, type(made)))
     out += field_table(root, "", only_own=False, skip=group_names | {name for name, _ in nested}) + [""]
@@ -371,8 +373,8 @@ def reference(conf: Path) -> str:
         if options:
             out += [f"Options (`conf/{group}/`):", "", *options, ""]
         out += [f"### Schemas of `{group}`", ""]
-        for cls in own_schemas([cls for _, cls in entries]):
-            out += schema_section(cls, group + ".", registered)
+        for cls in own_schemas([cls for _, cls in entries]):  # a schema's own prefix, where its keys sit deeper
+            out += schema_section(cls, getattr(cls, "reference_prefix", group + "."), registered)
 
     others = sorted(p.name for p in conf.iterdir() if p.is_dir() and p.name not in groups and p.name != "hydra")
     for group in others:  # presets with no schema of their own (experiment)

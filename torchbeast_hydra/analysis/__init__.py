@@ -10,6 +10,7 @@ tables.py       each run's score curve and summary; per-task and across-task tab
 figures.py      the plot command's and the report's figures (PNG, without pyplot)
 formatting.py   how numbers are written
 markdown.py     report.md
+populations.py  a PBT population's figure: members' curves with their exploits, the best one's values
 report.py       `python -m torchbeast_hydra.analysis.report PATH...`: the report command
 plot_command.py `python -m torchbeast_hydra.analysis RUNS_DIR` (torchbeast-hydra-plot)
 

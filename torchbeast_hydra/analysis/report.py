@@ -34,7 +34,7 @@ from typing import Optional, Sequence
 import pandas as pd
 from matplotlib.figure import Figure
 
-from torchbeast_hydra.analysis import baselines, figures, formatting, markdown, runs, scores, tables
+from torchbeast_hydra.analysis import baselines, figures, formatting, markdown, populations, runs, scores, tables
 from torchbeast_hydra.analysis.baselines import BASELINES
 
 
@@ -86,6 +86,12 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
         task_runs = [r for r in loaded if r.task == task]
         fig = figures.curve_figure(task, task_runs, metric, known.get(task), options.reps, options.seed)
         written[f"curve:{task}"] = _save(fig, out_dir / f"curve_{_file_name(task)}.png")
+    population_sections = []
+    for population_dir in sorted({p for path in paths for p in populations.find_populations(Path(path))}):
+        name = _population_name(population_dir, paths)
+        fig, summary = populations.population_figure(population_dir, name, options.window)
+        written[f"population:{name}"] = _save(fig, out_dir / f"population_{_file_name(name)}.png")
+        population_sections += populations.markdown(name, written[f"population:{name}"].name, summary)
     written["profile"] = _save(
         figures.profile_figure(normalised, options.reps, options.seed), out_dir / "performance_profile.png"
     )
@@ -112,9 +118,20 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
         unfinished,
         per_run,
     )
+    if population_sections:
+        text += "\n## Populations (population-based training)\n" + "\n".join(population_sections) + "\n"
     written["report"] = out_dir / "report.md"
     written["report"].write_text(text)
     return written
+
+
+def _population_name(population_dir: Path, paths: Sequence) -> str:
+    """A population's name in the report: its dir relative to the path it was found under."""
+    for path in paths:
+        path = Path(path).resolve()
+        if population_dir.resolve().is_relative_to(path):
+            return str(population_dir.resolve().relative_to(path.parent))
+    return str(population_dir)
 
 
 def _peer_budget(baseline: Optional[baselines.Baseline], run: runs.Run) -> Optional[float]:

@@ -288,6 +288,10 @@ def _evaluations(run_dir: Path, test_dirs: list) -> Optional[pd.DataFrame]:
     return pd.concat(frames, ignore_index=True).sort_values("step", kind="stable").reset_index(drop=True)
 
 
+# A population's members are one setting, as seeds are: their curves pool (populations.py).
+POPULATION_KEYS = ("pbt.member",)
+
+
 def assign_settings(loaded: list) -> None:
     """Per task, the keys whose values differ between its runs (less the seed, the task's own keys
     and sweep_record.RUN_CONTROL_KEYS) label each run's setting, e.g. `optim.learning_rate=0.001`."""
@@ -298,7 +302,7 @@ def assign_settings(loaded: list) -> None:
         keys = [
             k
             for k in differing_keys(configs, typed=typed)
-            if k != SEED and k not in TASK_KEYS and not is_run_control(k)
+            if k != SEED and k not in TASK_KEYS and not is_run_control(k) and k not in POPULATION_KEYS
         ]
         for run in group:
             label = ",".join(f"{k}={run.config[k]}" for k in keys if run.config.get(k) is not None)

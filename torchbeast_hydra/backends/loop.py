@@ -176,6 +176,7 @@ class Backend:
                         last_log = time.monotonic()
                     run.maybe_checkpoint()
                     run.maybe_evaluate()
+                    run.run_hooks()
             finally:
                 run.stop_requested.set()
                 for thread in learners:

@@ -18,6 +18,7 @@ logs each one.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import math
@@ -299,6 +300,24 @@ def frozen(norms: list):
             norm.frozen = False
 
 
+# The settings an update reads afresh each time, so a running learner can take new values
+# (Learner.set_hyperparameters; population-based training mutates them). Every other setting shapes
+# the model, the batch or the optimiser's state and holds for the whole run.
+LIVE_KEYS = (
+    "optim.learning_rate",  # the LR schedule follows it: the same annealing factor times the new rate
+    "optim.epsilon",
+    "optim.grad_norm_clipping",
+    "vtrace.discounting",
+    "vtrace.baseline_cost",
+    "vtrace.entropy_cost",
+    "vtrace.reward_scale",
+    "vtrace.trace_lambda",
+    "vtrace.clip_rho_threshold",
+    "vtrace.clip_pg_rho_threshold",
+    "vtrace.ppo_clip",
+)
+
+
 class NonFiniteUpdate(RuntimeError):
     """A NaN/inf loss or gradient with optim.on_nonfinite=stop."""
 
@@ -514,6 +533,29 @@ class Learner:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.steps = state["steps"]
+        self._apply_config_hyperparameters()
+
+    def hyperparameters(self, keys) -> dict:
+        """The values this learner uses now for these LIVE_KEYS."""
+        return {key: getattr(getattr(self.cfg, group), name) for key in keys for group, _, name in [key.partition(".")]}
+
+    def set_hyperparameters(self, values: dict) -> None:
+        """Takes new values of LIVE_KEYS (dotted key -> number) from the next update on. Call it
+        between updates (TrainingRun's lock). The learner keeps them in a config of its own: the run's
+        config, and so its checkpoint's `config`, stay as the run was started."""
+        unknown = sorted(set(values) - set(LIVE_KEYS))
+        if unknown:
+            raise ConfigError(f"{', '.join(unknown)} cannot change during a run; these can: {', '.join(LIVE_KEYS)}.")
+        if not getattr(self, "_own_cfg", False):  # copied once: the run's config stays as started
+            self.cfg = copy.deepcopy(self.cfg)
+            self._own_cfg = True
+        for key, value in values.items():
+            group, _, name = key.partition(".")
+            setattr(getattr(self.cfg, group), name, value)
+            if group == "vtrace":
+                setattr(self.vtrace_cfg, name, value)
+        self.loss_terms = loss_terms(self.vtrace_cfg)  # the costs are read when the terms are resolved
+        self._targets_cfg = dataclasses.replace(self.vtrace_cfg, normalize_advantages=False)
         self._apply_config_hyperparameters()
 
     def _apply_config_hyperparameters(self) -> None:

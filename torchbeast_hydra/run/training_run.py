@@ -93,6 +93,11 @@ class TrainingRun:
         self.csv_path = self.run_dir / "logs.csv"
         self._make_learner()
         self._make_stop_events()
+        # What others keep in the checkpoint: name -> a function giving its state (e.g. a population
+        # member's values and lineage, pbt/member.py), read back on resume into resumed_extras.
+        self.extra_state: dict = {}
+        self.resumed_extras: dict = {}
+        self.main_loop_hooks: list = []  # called between the main loop's beats (pbt/member.py's tick)
         start_step, episodes, elapsed_s = self._resume()
         if ranks is not None:
             ranks.synchronise(self.learner.model, start_step, cfg.seed)
@@ -143,6 +148,7 @@ class TrainingRun:
         check_resumable(self.checkpoint_path, state, cfg, self.spec, self.learner.model.state_dict())
         self.learner.load_state_dict(state["learner"])
         checkpoint.set_rng_state(state["rng"])
+        self.resumed_extras = state.get("extras", {})
         log.info("Resuming from %s at step %d.", self.checkpoint_path, state["step"])
         self.config_changes = config_changes(state.get("config", {}), to_plain_dict(cfg))
         for line in describe_changes(self.config_changes) if self.is_main else []:
@@ -337,7 +343,14 @@ class TrainingRun:
     def save_checkpoint(self) -> None:
         if not self.is_main:  # every rank holds the same weights: rank 0's checkpoint is the run's
             return
-        with self.lock:
+        step = self.write_state(self.checkpoint_path)
+        self._last_save = time.monotonic()
+        log.info("Saved checkpoint at step %d to %s.", step, self.checkpoint_path)
+
+    def write_state(self, path: Path) -> int:
+        """Writes the run's state as a checkpoint to `path` (atomically: checkpoint.save), between
+        updates; returns its step. Also how a population member publishes (pbt/member.py)."""
+        with self.lock:  # the tensors stay as they are until written
             state = dict(
                 learner=self.learner.state_dict(),
                 step=self.stats.step,
@@ -346,11 +359,16 @@ class TrainingRun:
                 ranks=self.world_size,  # a resume may use another number (it says so)
                 config=to_plain_dict(self.cfg),
                 env=env_signature(self.cfg.env.id, self.spec),  # what a resume must match (with the shapes)
+                extras={name: extra() for name, extra in self.extra_state.items()},
             )
-            with writing(self.checkpoint_path):
-                checkpoint.save(self.checkpoint_path, state)
-        self._last_save = time.monotonic()
-        log.info("Saved checkpoint at step %d to %s.", self.stats.step, self.checkpoint_path)
+            with writing(path):
+                checkpoint.save(path, state)
+        return state["step"]
+
+    def run_hooks(self) -> None:
+        """Between the main loop's beats: what others attached (main_loop_hooks)."""
+        for hook in self.main_loop_hooks:
+            hook()
 
     def snapshot(self) -> tuple[int, dict]:
         """The step and a CPU copy of the learner's weights at it, taken together between updates
