@@ -11,23 +11,9 @@ import pandas as pd
 from torchbeast_hydra.analysis import baselines, formatting, measures, runs, scores, tables
 
 
-def render_markdown(
-    paths,
-    loaded,
-    metric,
-    missing,
-    table,
-    aggregates,
-    used,
-    left_out,
-    known,
-    options,
-    written,
-    unfinished=(),
-    per_run: Optional[pd.DataFrame] = None,
-) -> str:
-    """unfinished: `RUN at STEPS of TOTAL` for each run short of its total_steps; per_run: summarise's
-    rows, for each run's figures."""
+def render_markdown(paths, scored: tables.Scored, options, written: dict) -> str:
+    """report.md from what the report computed (tables.Scored) and the files it wrote."""
+    loaded, metric, table, per_run = scored.loaded, scored.metric, scored.table, scored.per_run
     what = (
         "evaluation return (eval.csv's mean_return; the last evaluation is the final score)"
         if metric == "eval"
@@ -53,10 +39,10 @@ def render_markdown(
             f"The runs' logs are kept in {runs.KEPT_RUNS}/ (what this report reads of them): "
             f"`{_redraw_command(options)}`, run in this dir, draws it again."
         )
-    if missing:
-        lines.append(f"Left out, no {tables.NO_SCORE[metric]}: {', '.join(missing)}.")
-    if unfinished:
-        lines.append(f"Unfinished, their last score standing in for the final one: {', '.join(unfinished)}.")
+    if scored.missing:
+        lines.append(f"Left out, no {tables.NO_SCORE[metric]}: {', '.join(scored.missing)}.")
+    if scored.unfinished:
+        lines.append(f"Unfinished, their last score standing in for the final one: {', '.join(scored.unfinished)}.")
     with_evals = sum(r.evals is not None for r in loaded)
     if options.metric == "auto" and metric == "train" and with_evals:  # auto fell back: not every run has them
         lines.append(
@@ -85,11 +71,10 @@ def render_markdown(
     for task in runs.task_names(loaded):
         lines += ["", f"## {task}", "", f"![{task}]({written[f'curve:{task}'].name})", ""]
         lines += _task_markdown(table[table["task"] == task], options.target(task), metric)
-        if per_run is not None:
-            lines += _runs_markdown(per_run[per_run["task"] == task], metric)
-        lines += _references_markdown(known.get(task), task)
+        lines += _runs_markdown(per_run[per_run["task"] == task], metric)
+        lines += _references_markdown(scored.known.get(task), task)
     lines += ["", "## Across tasks (normalised final scores)", ""]
-    lines += _aggregate_markdown(aggregates, used, left_out, written)
+    lines += _aggregate_markdown(scored.aggregates, scored.used, scored.left_out, written)
     return "\n".join(lines) + "\n"
 
 

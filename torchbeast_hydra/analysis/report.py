@@ -103,21 +103,8 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
     aggregates.to_csv(written["aggregates_csv"], index=False)
     short = per_run[per_run["unfinished"]].itertuples(index=False)
     unfinished = [f"{r.run} at {formatting.steps(r.steps)} of {formatting.steps(r.total_steps)}" for r in short]
-    text = markdown.render_markdown(
-        paths,
-        loaded,
-        metric,
-        missing,
-        table,
-        aggregates,
-        used,
-        left_out,
-        known,
-        options,
-        written,
-        unfinished,
-        per_run,
-    )
+    scored = tables.Scored(loaded, metric, missing, per_run, table, aggregates, used, left_out, known, unfinished)
+    text = markdown.render_markdown(paths, scored, options, written)
     if population_sections:
         text += "\n## Populations (population-based training)\n" + "\n".join(population_sections) + "\n"
     written["report"] = out_dir / "report.md"

@@ -3,6 +3,7 @@ bootstrap intervals over seeds, and across tasks the normalised scores' aggregat
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -12,6 +13,23 @@ from torchbeast_hydra.analysis import formatting, measures, runs, scores
 from torchbeast_hydra.analysis.baselines import why_not_normalised
 from torchbeast_hydra.analysis.runs import Run
 from torchbeast_hydra.logs.metrics import target_met
+
+
+@dataclass
+class Scored:
+    """What a report computed from its runs, for report.md (markdown.py) and the csv files."""
+
+    loaded: list  # the runs that have a score
+    metric: str  # "eval" or "train"
+    missing: list  # names of runs with no score yet
+    per_run: pd.DataFrame  # summarise's rows: each run's figures
+    table: pd.DataFrame  # per task and setting (task_table)
+    aggregates: pd.DataFrame  # across tasks (aggregate_table)
+    used: list  # tasks in the aggregates
+    left_out: dict  # task -> why it is not
+    known: dict  # task -> its baselines.Baseline
+    unfinished: list = field(default_factory=list)  # `RUN at STEPS of TOTAL`, runs short of their total_steps
+
 
 NO_SCORE = {"eval": "evaluation yet", "train": "finished episode yet"}  # what a run without a score lacks
 
