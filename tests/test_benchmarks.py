@@ -197,8 +197,8 @@ def test_pipeline_mode_runs(tmp_path):
     result = run_command([sys.executable, BENCHMARKS / "throughput.py", *pipeline], timeout=60)
     assert result.returncode == 0, result.stderr
     row = result.stdout.splitlines()[-1].split()
-    assert row[:2] == ["1", "4"]
-    assert float(row[2].replace(",", "")) > 0  # env-steps/s
+    assert row[:3] == ["1", "1", "4"]  # shards, clients, envs a client
+    assert float(row[3].replace(",", "")) > 0  # env-steps/s
 
 
 def test_train_mode_counts_training_time_by_the_runs_own_clock(monkeypatch, tmp_path):

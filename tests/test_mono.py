@@ -227,7 +227,7 @@ def test_actors_write_each_steps_observation_even_when_the_envs_hand_back_new_ar
     envs = FreshArrays(spec, num_envs=2)
     guard = mono_backend.ObservationGuard(spec, "FreshArrays", limit=3e38, clip=False)
     pipe = Grants([1, 3])
-    mono_backend._act(envs, guard, T, model, buffers, states, pipe)
+    mono_backend._act(envs, guard, T, model, torch.zeros((), dtype=torch.int64), buffers, states, pipe)
     assert pipe.sent and pipe.sent[0].startswith(mono_backend.REPORT)
     for t in range(T + 1):
         assert (buffers["frame"][t, [1, 3]] == t).all(), t
@@ -258,7 +258,8 @@ def test_actors_acting_in_bf16_write_fp32_logits_and_see_each_new_weight():
         return grant()
 
     pipe.recv_bytes = new_weights_before_the_second_grant
-    mono_backend._act(FreshArrays(spec, num_envs=2), guard, T, model, buffers, states, pipe, bf16=True)
+    version = torch.zeros((), dtype=torch.int64)
+    mono_backend._act(FreshArrays(spec, num_envs=2), guard, T, model, version, buffers, states, pipe, bf16=True)
     logits = buffers["policy_logits"]
     assert logits.dtype == torch.float32 and len(pipe.sent) == 2
     assert (logits[1:, [0, 1]] != 0).any()  # the first unroll, with the first weights

@@ -94,7 +94,7 @@ class FakeRun:
     def batch_figures(batch):
         return 10, []
 
-    def update(self, batch, core_state, observed, figures):
+    def update(self, batch, core_state, observed, figures, versions):
         self.step += 10
         return {"step": self.step, "update_ms": 100.0}
 
@@ -109,7 +109,8 @@ def test_the_learner_threads_apply_what_the_trial_holds(monkeypatch):
     backend = Backend.__new__(Backend)  # its learner loop alone, on a fake run
     backend.run, backend.publisher, backend._errors = FakeRun(), Publisher(), []
     batches = iter(range(thread_trial.WARMUP_UPDATES + 2))
-    backend.next_batch = lambda: ({}, (), {}) if next(batches, None) is not None else None
+    batch = {"policy_version": torch.zeros(3, 2, dtype=torch.int64), "mask": torch.ones(3, 2, dtype=torch.bool)}
+    backend.next_batch = lambda: (batch, (), {}) if next(batches, None) is not None else None
     trial = ThreadTrial(1, 2, Clock())
     trial.observe = lambda row: setattr(trial, "threads", 2 if row["step"] >= 50 else 1)
     calls = []
