@@ -33,6 +33,7 @@ from torchbeast_hydra.__main__ import CONFIG_DIR
 from torchbeast_hydra.backends.poly import wire
 from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
 from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings, make_server
+from torchbeast_hydra.env import layout
 from torchbeast_hydra.env.spaces import EnvSpec
 from torchbeast_hydra.logs.metrics import CSV_FIELDS, read_rows
 
@@ -340,6 +341,19 @@ def serve_pool(spec, settings, policy, emit=None, on_error=None):
 
 
 POOL_SPEC = EnvSpec.box((3,), np.dtype(np.float32), 2)  # the in-process pool tests' env: 3 floats, 2 actions
+
+
+def pool_hello(num_envs=2, spec=POOL_SPEC) -> bytes:
+    """A client's hello for the in-process pool tests' env."""
+    return wire.encode_hello(spec, "Test-v0", num_envs)
+
+
+def pool_step(num_envs=2, frame=0.0, done=False, spec=POOL_SPEC) -> bytes:
+    """A client's step for that env: every frame value `frame`, every env `done` or not."""
+    outputs = layout.env_outputs(spec, num_envs)
+    outputs["frame"][:] = frame
+    outputs["done"][:] = done
+    return wire.encode_step(outputs)
 
 
 def zero_policy(inputs: dict) -> dict:

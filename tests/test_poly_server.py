@@ -23,6 +23,8 @@ from torchbeast_hydra.env.actions import action_spec
 from torchbeast_hydra.env.spaces import EnvSpec, observation_leaves
 
 from helpers import POOL_SPEC, POOL_TOKEN, RawClient, serve_small_pool
+from helpers import pool_hello as hello
+from helpers import pool_step as step
 
 SPEC = POOL_SPEC
 
@@ -31,17 +33,6 @@ SPEC = POOL_SPEC
 def served():
     """(pool, port, emitted rollouts) for a pool with max_clients=2 and a 0.5 s idle limit."""
     yield from serve_small_pool(SPEC)
-
-
-def hello(num_envs=2, spec=SPEC):
-    return wire.encode_hello(spec, "Test-v0", num_envs)
-
-
-def step(num_envs=2, frame=0.0, spec=SPEC):
-    outputs = layout.env_outputs(spec, num_envs)
-    outputs["frame"][:] = frame
-    outputs["done"][:] = False
-    return wire.encode_step(outputs)
 
 
 def test_non_finite_frames_are_refused_and_the_server_keeps_serving(served):

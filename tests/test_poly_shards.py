@@ -11,13 +11,13 @@ import grpc
 import numpy as np
 import pytest
 
-from torchbeast_hydra.backends.poly import wire
 from torchbeast_hydra.backends.poly.rollouts import RolloutQueue
 from torchbeast_hydra.backends.poly.server import ServerSettings
 from torchbeast_hydra.backends.poly.shards import PORT, ShardedServer, ShardPlan
-from torchbeast_hydra.env import layout
 
 from helpers import POOL_SPEC, POOL_TOKEN, RawClient, zero_policy
+from helpers import pool_hello as hello
+from helpers import pool_step as step
 
 SPEC = POOL_SPEC
 pytestmark = pytest.mark.slow  # shard processes start (spawned, as in training)
@@ -78,17 +78,6 @@ def sharded():
     served = Sharded()
     yield served
     served.stop()
-
-
-def hello(num_envs=2):
-    return wire.encode_hello(SPEC, "Test-v0", num_envs)
-
-
-def step(num_envs=2, frame=0.0, done=False):
-    outputs = layout.env_outputs(SPEC, num_envs)
-    outputs["frame"][:] = frame
-    outputs["done"][:] = done
-    return wire.encode_step(outputs)
 
 
 def welcomed(port, token=POOL_TOKEN):
