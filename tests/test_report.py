@@ -465,3 +465,12 @@ def test_runs_meant_to_stop_before_the_references_budget_get_the_peers_measure_a
     text = written["report"].read_text()
     assert "last 100 training episodes at 3,000 steps" in text
     assert "HalfCheetah-v5 (2 of 2 runs short of CleanRL PPO's budget, 1,000,000 steps: not comparable)" in text
+
+
+def test_populations_laid_out_alike_under_two_paths_get_two_names(tmp_path):
+    # A benchmark's arms: runs/pbt/seed1/pbt and runs/fixed/seed1/pbt. One name each, so neither
+    # arm's population figure overwrites the other's.
+    arms = [tmp_path / "runs" / arm / "seed1" for arm in ("pbt", "fixed")]
+    names = [report._population_name(arm / "pbt", arms) for arm in arms]
+    assert names == ["pbt/seed1/pbt", "fixed/seed1/pbt"]
+    assert report._population_name(arms[0] / "pbt", arms[:1]) == "seed1/pbt"  # one path: from its parent
