@@ -222,11 +222,11 @@ def measure_null(maker, args, clients: int, envs: int, shards: int = 1) -> dict:
         learner.pool.take_step_stats()
         steps0, gather0 = learner.steps, learner.gather_s
         cpu0, own0, started = cpu_seconds(pids), cpu_seconds([os.getpid()]), time.perf_counter()
-        shards0 = cpu_seconds(shard_pids)
+        shards0 = {pid: cpu_seconds([pid]) for pid in shard_pids}
         time.sleep(args.seconds)
         steps, elapsed = learner.steps - steps0, time.perf_counter() - started
         cpu, own = cpu_seconds(pids) - cpu0, cpu_seconds([os.getpid()]) - own0
-        shards_cpu = cpu_seconds(shard_pids) - shards0
+        each_shard = [cpu_seconds([pid]) - shards0[pid] for pid in shard_pids]
         gather = learner.gather_s - gather0
         inference = learner.take_inference_stats()
         server_us = learner.pool.take_step_stats()
@@ -236,11 +236,15 @@ def measure_null(maker, args, clients: int, envs: int, shards: int = 1) -> dict:
             process.join(timeout=10)
             if process.is_alive():
                 process.kill()
+    per_step = 1e6 / max(steps, 1)
     return dict(
         sps=steps / elapsed,
-        cpu_us=1e6 * cpu / max(steps, 1),
-        learner_cpu_us=1e6 * own / max(steps, 1),
-        shards_cpu_us=1e6 * shards_cpu / max(steps, 1),
+        cpu_us=cpu * per_step,
+        learner_cpu_us=own * per_step,
+        shards_cpu_us=sum(each_shard) * per_step,
+        # What the busiest of the server's processes allows, each holding one GIL (its CPU per env-step
+        # of all clients: 1e6 / that is the rate at which it would fill one core).
+        ceiling=1e6 / (max([own, *each_shard]) * per_step),
         gather_us=1e6 * gather / max(steps, 1),
         inference_batch=np.mean([size for size, _ in inference]) if inference else 0.0,
         server_us=server_us,
