@@ -246,7 +246,9 @@ def measure_null(maker, args, clients: int, envs: int, shards: int = 1) -> dict:
         # of all clients: 1e6 / that is the rate at which it would fill one core).
         ceiling=1e6 / (max([own, *each_shard]) * per_step),
         gather_us=1e6 * gather / max(steps, 1),
-        inference_batch=np.mean([size for size, _ in inference]) if inference else 0.0,
+        inference_batch=np.mean([size for size, _, _ in inference]) if inference else 0.0,
+        # central inference's host work (its thread's CPU for each batch), per env-step it answered
+        inference_host_us=1e6 * sum(cpu for _, _, cpu in inference) / max(sum(size for size, _, _ in inference), 1),
         server_us=server_us,
     )
 
@@ -319,6 +321,7 @@ def measure_cli(maker, args, clients: int, envs: int) -> dict:
         gather_us=1000 * (mean_of(rows, "gather_ms") or 0) / per_update,
         inference_batch=mean_of(rows, "inference_batch_size") or 0.0,
         server_us=mean_of(rows, "server_us_per_step"),
+        inference_host_us=mean_of(rows, "inference_host_us_per_step"),
         update_us=1000 * (mean_of(rows, "update_ms") or 0) / per_update,
         queue=mean_of(rows, "learner_queue_size"),
     )
