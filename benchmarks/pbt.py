@@ -187,7 +187,12 @@ def main() -> None:
     sweeps = [out / arm / f"seed{seed}" for arm in ARMS for seed in args.seeds]
     sweeps = [sweep for sweep in sweeps if sweep.is_dir()]
     if sweeps:
-        report = [sys.executable, "-m", "torchbeast_hydra.analysis.report", *map(str, sweeps)]
+        # Paths relative to the repository (where the report runs): its header names them, in git.
+        named = [
+            str(sweep.resolve().relative_to(REPO)) if sweep.resolve().is_relative_to(REPO) else str(sweep)
+            for sweep in sweeps
+        ]
+        report = [sys.executable, "-m", "torchbeast_hydra.analysis.report", *named]
         subprocess.run([*report, "--metric", "train", "--out", str(args.report)], cwd=REPO, check=False)
 
 
