@@ -16,11 +16,11 @@ from helpers import TINY, compose_config, run_cli
 CONF = Path(CONFIG_DIR)
 # Hydra's own groups extend Hydra's schemas; presets and ablations (global overrides of a preset)
 # are checked against the composed config below; pbt's options (global: they set the sweeper too)
-# in tests/test_pbt.py.
+# in tests/test_pbt.py; tasks (a task's own settings in a suite, global) in tests/test_tasks.py.
 OPTION_FILES = sorted(
     p.relative_to(CONF).as_posix()
     for p in CONF.rglob("*.yaml")
-    if p.relative_to(CONF).parts[0] not in ("hydra", "experiment", "ablation", "pbt")
+    if p.relative_to(CONF).parts[0] not in ("hydra", "experiment", "ablation", "pbt", "task")
 )
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
