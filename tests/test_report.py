@@ -465,6 +465,7 @@ def test_runs_meant_to_stop_before_the_references_budget_get_the_peers_measure_a
     text = written["report"].read_text()
     assert "last 100 training episodes at 3,000 steps" in text
     assert "HalfCheetah-v5 (2 of 2 runs short of CleanRL PPO's budget, 1,000,000 steps: not comparable)" in text
+    assert "its measure, but these runs were read at 3,000 steps, short of its budget: not compared" in text
 
 
 def test_dopamines_measure_is_the_training_episodes_that_ended_in_the_last_iteration():

@@ -74,7 +74,8 @@ def render_markdown(paths, scored: tables.Scored, options, written: dict) -> str
         lines += _task_markdown(table[table["task"] == task], options.target(task), metric)
         lines += _runs_markdown(per_run[per_run["task"] == task], metric)
         configs = [r.config for r in loaded if r.task == task]
-        lines += _references_markdown(scored.known.get(task), task, configs)
+        budgets = per_run[per_run["task"] == task]["peer_budget"].dropna().tolist()
+        lines += _references_markdown(scored.known.get(task), task, configs, budgets)
     lines += ["", "## Across tasks (normalised final scores)", ""]
     lines += _aggregate_markdown(scored.aggregates, scored.used, scored.left_out, written)
     return "\n".join(lines) + "\n"
@@ -163,9 +164,10 @@ def _spread(point: float, low: float, high: float, kind: str) -> str:
     return formatting.with_interval(point, low, high)
 
 
-def _references_markdown(baseline: Optional[baselines.Baseline], task: str, configs=()) -> list:
+def _references_markdown(baseline: Optional[baselines.Baseline], task: str, configs=(), budgets=()) -> list:
     """Each reference with its measure, env, budget and seeds, and whether it compares with these runs
-    (their flattened configs: a reference's env_settings must be theirs)."""
+    (their flattened configs: a reference's env_settings must be theirs; the budgets their peers'
+    measure was read at: a measured reference's own, or the runs fall short of it)."""
     if baseline is None:
         return ["", "No published reference for this task in baselines.yaml."]
     lines = [""]
@@ -193,6 +195,9 @@ def _references_markdown(baseline: Optional[baselines.Baseline], task: str, conf
             verdict = f"compared with the {some} of {len(configs)} runs that have its env settings only: {why_not}"
         elif why_not is not None:
             verdict = f"not comparable with these runs: {why_not}"
+        elif measure in measures.FROM_TRAINING and any(b != reference.get("steps") for b in budgets):
+            short = formatting.steps(min(budgets))
+            verdict = f"its measure, but these runs were read at {short} steps, short of its budget: not compared"
         elif measure == "train_last_100":
             verdict = "compared with the runs' last 100 training episodes at its budget"
         elif measure == "train_iteration":
