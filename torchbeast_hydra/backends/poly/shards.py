@@ -295,7 +295,7 @@ class CentralServer:
         self.links = {}  # shard index -> ShardLink (the learner's view, replaced on restart)
         self.lock = threading.Lock()
         self.closed = threading.Event()
-        self._stats = []  # (batch size, seconds in fn) since the last take_stats()
+        self._stats = []  # (batch size, seconds in fn, CPU seconds of the whole batch) since the last take_stats()
 
     def take_stats(self) -> list:
         with self.lock:
@@ -306,9 +306,10 @@ class CentralServer:
         if setup is not None:
             setup()
         while not self.closed.is_set():
+            cpu_started = time.thread_time()
             batch = self._gather()
             if batch:
-                self._answer(batch)
+                self._answer(batch, cpu_started)
         with self.lock:
             links = list(self.links.values())
         for link in links:  # a shard waiting for an answer is told we stopped
@@ -345,7 +346,7 @@ class CentralServer:
                 deadline = time.monotonic() + self.timeout_s
         return list(pending.items())
 
-    def _answer(self, batch: list) -> None:
+    def _answer(self, batch: list, cpu_started: float) -> None:
         started = time.perf_counter()
         try:
             inputs = {
@@ -359,7 +360,7 @@ class CentralServer:
                     link.infer.send_bytes(FAILED + text)
             self.on_error(error)
             return
-        first = 0
+        seconds, first = time.perf_counter() - started, 0
         for link, n in batch:
             for key, value in link.reply.items():
                 value[:n].copy_(outputs[key][first : first + n])
@@ -367,7 +368,7 @@ class CentralServer:
             with _ignore_broken():
                 link.infer.send_bytes(OK)
         with self.lock:
-            self._stats.append((first, time.perf_counter() - started))
+            self._stats.append((first, seconds, time.thread_time() - cpu_started))
 
 
 def _concat(tensors: list, pin: bool) -> torch.Tensor:
