@@ -222,11 +222,11 @@ def measure_null(maker, args, clients: int, envs: int, shards: int = 1) -> dict:
         learner.pool.take_step_stats()
         steps0, gather0 = learner.steps, learner.gather_s
         cpu0, own0, started = cpu_seconds(pids), cpu_seconds([os.getpid()]), time.perf_counter()
-        shards0 = cpu_seconds(shard_pids)
+        shards0 = {pid: cpu_seconds([pid]) for pid in shard_pids}
         time.sleep(args.seconds)
         steps, elapsed = learner.steps - steps0, time.perf_counter() - started
         cpu, own = cpu_seconds(pids) - cpu0, cpu_seconds([os.getpid()]) - own0
-        shards_cpu = cpu_seconds(shard_pids) - shards0
+        each_shard = [cpu_seconds([pid]) - shards0[pid] for pid in shard_pids]
         gather = learner.gather_s - gather0
         inference = learner.take_inference_stats()
         server_us = learner.pool.take_step_stats()
@@ -236,13 +236,19 @@ def measure_null(maker, args, clients: int, envs: int, shards: int = 1) -> dict:
             process.join(timeout=10)
             if process.is_alive():
                 process.kill()
+    per_step = 1e6 / max(steps, 1)
     return dict(
         sps=steps / elapsed,
-        cpu_us=1e6 * cpu / max(steps, 1),
-        learner_cpu_us=1e6 * own / max(steps, 1),
-        shards_cpu_us=1e6 * shards_cpu / max(steps, 1),
+        cpu_us=cpu * per_step,
+        learner_cpu_us=own * per_step,
+        shards_cpu_us=sum(each_shard) * per_step,
+        # What the busiest of the server's processes allows, each holding one GIL (its CPU per env-step
+        # of all clients: 1e6 / that is the rate at which it would fill one core).
+        ceiling=1e6 / (max([own, *each_shard]) * per_step),
         gather_us=1e6 * gather / max(steps, 1),
-        inference_batch=np.mean([size for size, _ in inference]) if inference else 0.0,
+        inference_batch=np.mean([size for size, _, _ in inference]) if inference else 0.0,
+        # central inference's host work (its thread's CPU for each batch), per env-step it answered
+        inference_host_us=1e6 * sum(cpu for _, _, cpu in inference) / max(sum(size for size, _, _ in inference), 1),
         server_us=server_us,
     )
 
@@ -315,6 +321,7 @@ def measure_cli(maker, args, clients: int, envs: int) -> dict:
         gather_us=1000 * (mean_of(rows, "gather_ms") or 0) / per_update,
         inference_batch=mean_of(rows, "inference_batch_size") or 0.0,
         server_us=mean_of(rows, "server_us_per_step"),
+        inference_host_us=mean_of(rows, "inference_host_us_per_step"),
         update_us=1000 * (mean_of(rows, "update_ms") or 0) / per_update,
         queue=mean_of(rows, "learner_queue_size"),
     )

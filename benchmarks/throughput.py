@@ -38,7 +38,9 @@ env (the same Pong-shaped frames, 4x84x84 uint8, every step) through the real cl
 ActorPool server answers with a trivial policy in its dynamic batches and assembles the unrolls;
 a learner takes batches as they come (stacks them, as the real learner does) without the math.
 Prints the ceiling in env-steps/s, wall microseconds per env-step and CPU microseconds per
-env-step (all processes; the figure that stays comparable when other work shares the machine).
+env-step (all processes; the figure that stays comparable when other work shares the machine),
+and the one-GIL ceiling: 1e6 / the CPU per env-step of the busiest server process (the learner's,
+or with --shards a shard's), the rate at which that process would fill its one core.
 --learner cli runs the real learner instead (`backend.role=learner` with the given overrides;
 model=trivial_frames, from benchmarks/conf, is a policy that costs the learner next to nothing).
 
@@ -282,7 +284,8 @@ def pipeline_mode(args) -> None:
     print(
         f"{'shards':>6} {'clients':>7} {'envs/client':>11} {'env-steps/s':>12} {'wall us/step':>12} "
         f"{'CPU us/step':>11} {'of it learner process':>21} {'shards':>6} "
-        f"{'server us/step':>14} {'gather us/step':>14} {'inference batch':>15}{extra}"
+        f"{'server us/step':>14} {'gather us/step':>14} {'inference batch':>15} "
+        f"{'inference host us/step':>22} {'one-GIL ceiling':>15}{extra}"
     )
     for _ in range(args.rounds):  # rounds alternate the shard counts: other load on the machine hits each alike
         for shards in args.shards:
@@ -303,7 +306,8 @@ def _pipeline_line(args, shards: int, clients: int, envs: int, r: dict) -> str:
         f"{shards:>6} {clients:>7} {envs:>11} {r['sps']:>12,.0f} "
         f"{_cell(1e6 / r['sps'] if r['sps'] else None, 12, '.1f')} {r['cpu_us']:>11.1f} "
         f"{r['learner_cpu_us']:>21.1f} {_cell(r.get('shards_cpu_us'), 6, '.1f')} "
-        f"{_cell(r['server_us'], 14, '.1f')} {r['gather_us']:>14.1f} {r['inference_batch']:>15.1f}"
+        f"{_cell(r['server_us'], 14, '.1f')} {r['gather_us']:>14.1f} {r['inference_batch']:>15.1f} "
+        f"{_cell(r.get('inference_host_us'), 22, '.1f')} {_cell(r.get('ceiling'), 15, ',.0f')}"
     )
     if args.learner == "cli":
         line += f" {r['update_us']:>15.1f} {r['queue'] or 0:>6.1f}"

@@ -150,3 +150,18 @@ def test_each_ablation_changes_only_its_own_lever_of_the_control_preset(name):
 def test_the_levers_suite_runs_every_ablation():
     suite = OmegaConf.load(CONF / "experiment" / "suite_mujoco_levers.yaml")
     assert sorted(str(suite.hydra.sweeper.params["ablation"]).split(",")) == ABLATIONS
+
+
+def test_the_atari_suite_composes_the_env_protocol_of_the_references_it_is_set_beside():
+    """experiment=suite_atari runs on the env settings that Dopamine's figures (baselines.yaml) need,
+    on each of its games, so that its runs compare with them."""
+    from torchbeast_hydra.analysis import baselines, measures
+
+    known = baselines.load_baselines()
+    for env in ("breakout", "space_invaders", "beam_rider"):
+        cfg = plain(compose_config(["experiment=suite_atari", f"env={env}"]))
+        flat = {f"env.{k}": v for k, v in cfg["env"].items()}
+        dopamine = [r for r in known[cfg["env"]["id"]].references if r["name"].startswith("Dopamine")]
+        assert dopamine and all(measures.other_settings(r, [flat]) is None for r in dopamine), env
+        assert cfg["total_steps"] == dopamine[0]["steps"]  # its budget: 10M frames
+        assert (cfg["env"]["noop_max"], cfg["env"]["fire_reset"], cfg["env"]["episodic_life"]) == (0, False, False)

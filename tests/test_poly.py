@@ -38,6 +38,7 @@ def test_role_all_trains_logs_checkpoints_and_test_mode_plays_it(tmp_path, trans
     assert max(float(row["inference_batch_size"] or 0) for row in logged) >= 2
     assert max(int(row["connected_clients"]) for row in logged) == 2
     assert all(row["learner_queue_size"] is not None for row in logged)
+    assert any(float(row["inference_host_us_per_step"] or 0) > 0 for row in logged)
     state = checkpoint.load(checkpoint.path_in(run_dir))
     assert state["step"] == int(logged[-1]["step"]) and state["config"]["backend"]["name"] == "poly"
     output = result.stderr + result.stdout
@@ -60,6 +61,7 @@ def test_role_all_with_two_server_shards_trains_and_finishes(tmp_path, transport
     assert steps(run_dir) == sorted(set(steps(run_dir)))
     assert max(int(row["connected_clients"]) for row in logged) == 2
     assert any(row["server_us_per_step"] for row in logged)
+    assert any(float(row["inference_host_us_per_step"] or 0) > 0 for row in logged)  # the central server's
     output = result.stderr + result.stdout
     assert "in 2 shard processes" in output
     if transport == "grpc":

@@ -201,7 +201,7 @@ def test_many_producers_get_their_own_answers_in_batches_of_at_most_max_size():
         t.start()
     for t in threads:
         t.join()
-    assert [size for size, _ in batcher.take_stats()] == fn.sizes
+    assert [size for size, _, _ in batcher.take_stats()] == fn.sizes
     batcher.close()
     assert not errors
     assert sum(fn.sizes) == 10 * 20 * 3
@@ -234,6 +234,26 @@ def test_a_request_larger_than_max_runs_alone_and_unsplit():
     assert batcher({"x": torch.ones(10)})["y"].shape == (10,)
     batcher.close()
     assert fn.sizes == [10]
+
+
+def test_a_batchs_cpu_counts_the_host_work_and_not_the_waits():
+    def spin(inputs):  # 30 ms of CPU, as a model's host work
+        deadline = time.thread_time() + 0.03
+        while time.thread_time() < deadline:
+            pass
+        return inputs
+
+    def sleep(inputs):  # 30 ms of waiting, as a model on a device
+        time.sleep(0.03)
+        return inputs
+
+    for fn, busy in ((spin, True), (sleep, False)):
+        batcher = DynamicBatcher(fn, max_batch_size=4, timeout_s=0.001)
+        batcher({"x": torch.zeros(2)})
+        [(size, seconds, cpu)] = batcher.take_stats()
+        batcher.close()
+        assert size == 2 and seconds >= 0.03
+        assert cpu >= 0.03 if busy else cpu < 0.015
 
 
 def test_an_error_reaches_every_caller_and_the_batcher_keeps_serving():

@@ -259,13 +259,14 @@ class PolyBeast(Backend):
         if got is None:
             return None
         batches = (self.inference or self.sharded.central).take_stats()
-        sizes, seconds = zip(*batches) if batches else ((), ())
+        sizes, seconds, cpu = zip(*batches) if batches else ((), (), ())
         observed = dict(
             learner_queue_size=self.rollouts.qsize(),
             gather_ms=round(1000 * self.rollouts.assembly_s, 3),
             server_us_per_step=measured(self.serving.take_step_stats()),
             inference_batch_size=round(statistics.fmean(sizes), 2) if sizes else "",
             inference_ms=round(1000 * statistics.fmean(seconds), 3) if seconds else "",
+            inference_host_us_per_step=round(1e6 * sum(cpu) / sum(sizes), 2) if sizes else "",
             connected_clients=self.serving.connected,
         )
         return (*got, observed)

@@ -95,6 +95,7 @@ class ShardLink:
         self.request, self.reply = _shared(request), _shared(reply)
         self.slots = [(_shared(rollouts), tuple(_shared(dict(enumerate(state))).values())) for rollouts, state in slots]
         self.stats = torch.zeros(STATS, dtype=torch.float64).share_memory_()
+        self.counters = self.stats.numpy()  # the same memory, read without torch's per-read cost
         self.command = torch.zeros(1, dtype=torch.int64).share_memory_()
         self.infer, self.infer_shard = ctx.Pipe()  # learner end, shard end
         self.rollouts, self.rollouts_shard = ctx.Pipe()
@@ -295,7 +296,7 @@ class CentralServer:
         self.links = {}  # shard index -> ShardLink (the learner's view, replaced on restart)
         self.lock = threading.Lock()
         self.closed = threading.Event()
-        self._stats = []  # (batch size, seconds in fn) since the last take_stats()
+        self._stats = []  # (batch size, seconds in fn, CPU seconds of the whole batch) since the last take_stats()
 
     def take_stats(self) -> list:
         with self.lock:
@@ -306,9 +307,10 @@ class CentralServer:
         if setup is not None:
             setup()
         while not self.closed.is_set():
+            cpu_started = time.thread_time()
             batch = self._gather()
             if batch:
-                self._answer(batch)
+                self._answer(batch, cpu_started)
         with self.lock:
             links = list(self.links.values())
         for link in links:  # a shard waiting for an answer is told we stopped
@@ -321,10 +323,10 @@ class CentralServer:
         """[(link, rows)]: the shards' waiting batches, waiting up to timeout_s after the first for
         every shard with clients to send one (none is waited on twice)."""
         pending, rows, deadline = {}, 0, None
+        with self.lock:  # one look a batch: a shard added meanwhile sends again after this batch
+            links = {link.infer: link for link in self.links.values()}
         while rows < self.max_batch_size:
-            with self.lock:
-                links = {link.infer: link for link in self.links.values()}
-            active = sum(1 for link in links.values() if link.stats[CONNECTED] > 0)
+            active = sum(1 for link in links.values() if link.counters[CONNECTED] > 0)
             if pending and len(pending) >= active:
                 break
             wait = POLL_S if deadline is None else deadline - time.monotonic()
@@ -334,6 +336,7 @@ class CentralServer:
                 try:
                     n = struct.unpack("<i", conn.recv_bytes())[0]
                 except (EOFError, OSError):  # the shard died: its supervisor replaces it
+                    del links[conn]
                     with self.lock:
                         self.links = {i: link for i, link in self.links.items() if link.infer is not conn}
                     continue
@@ -345,7 +348,7 @@ class CentralServer:
                 deadline = time.monotonic() + self.timeout_s
         return list(pending.items())
 
-    def _answer(self, batch: list) -> None:
+    def _answer(self, batch: list, cpu_started: float) -> None:
         started = time.perf_counter()
         try:
             inputs = {
@@ -359,7 +362,7 @@ class CentralServer:
                     link.infer.send_bytes(FAILED + text)
             self.on_error(error)
             return
-        first = 0
+        seconds, first = time.perf_counter() - started, 0
         for link, n in batch:
             for key, value in link.reply.items():
                 value[:n].copy_(outputs[key][first : first + n])
@@ -367,7 +370,7 @@ class CentralServer:
             with _ignore_broken():
                 link.infer.send_bytes(OK)
         with self.lock:
-            self._stats.append((first, time.perf_counter() - started))
+            self._stats.append((first, seconds, time.thread_time() - cpu_started))
 
 
 def _concat(tensors: list, pin: bool) -> torch.Tensor:
@@ -495,7 +498,7 @@ class ShardedServer:
     @property
     def connected(self) -> int:
         with self.central.lock:
-            return int(sum(link.stats[CONNECTED] for link in self.central.links.values()))
+            return int(sum(link.counters[CONNECTED] for link in self.central.links.values()))
 
     def take_step_stats(self) -> float | None:
         """CPU microseconds of the shards' server work per env step since the last call."""
@@ -503,7 +506,7 @@ class ShardedServer:
         with self.central.lock:
             links = dict(self.central.links)
         for index, link in links.items():
-            total = (float(link.stats[STEP_SECONDS]), float(link.stats[STEP_ENVS]))
+            total = (float(link.counters[STEP_SECONDS]), float(link.counters[STEP_ENVS]))
             taken = self._step_totals.get(index, (0.0, 0.0))
             if taken[0] > total[0]:  # a fresh link: the shard was replaced
                 taken = (0.0, 0.0)
