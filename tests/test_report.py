@@ -564,3 +564,12 @@ def test_dopamines_packaged_figures_name_their_protocol_and_refuse_the_kept_run_
         assert known[task].peer_reference()["name"] == "Dopamine DQN"
         assert "sticky_action_prob=0.0" in known[task].why_not_comparable(dopamine[0], task, [kept])
         assert known[task].why_not_comparable(dopamine[0], task, [{**kept, "env.sticky_action_prob": 0.25}]) is None
+
+
+def test_populations_laid_out_alike_under_two_paths_get_two_names(tmp_path):
+    # A benchmark's arms: runs/pbt/seed1/pbt and runs/fixed/seed1/pbt. One name each, so neither
+    # arm's population figure overwrites the other's.
+    arms = [tmp_path / "runs" / arm / "seed1" for arm in ("pbt", "fixed")]
+    names = [report._population_name(arm / "pbt", arms) for arm in arms]
+    assert names == ["pbt/seed1/pbt", "fixed/seed1/pbt"]
+    assert report._population_name(arms[0] / "pbt", arms[:1]) == "seed1/pbt"  # one path: from its parent

@@ -332,11 +332,14 @@ def test_ranks_preset_trains_two_ranks_in_one_job_dir_and_resumes_after_a_requeu
 
 
 def test_a_population_runs_as_a_slurm_array_whose_members_meet_in_the_sweep_dir(slurm_cluster, tmp_path):
-    # pbt=default on the SLURM launcher: the members are the array's tasks, each in its own job dir,
-    # all publishing to SWEEP_DIR/pbt; with start values 0.01 and 1e-7, member 1 copies member 0.
+    # pbt=default on the SLURM launcher: the members are one array job's tasks, each in its own job
+    # dir, all publishing to SWEEP_DIR/pbt. Starting at learning rates 0.01 and 1e-7, their scores part
+    # (0.01 learns or collapses within a few thousand steps; 1e-7 stays at random play), so the worse
+    # one copies the other at one of its publishes (which one is left to chance: either way is PBT).
     from torchbeast_hydra.pbt import population
 
     sweep = tmp_path / "sweep"
+    started = time.monotonic()
     result = run_sweep(
         sweep,
         *JOB,
@@ -350,15 +353,47 @@ def test_a_population_runs_as_a_slurm_array_whose_members_meet_in_the_sweep_dir(
         "pbt.mutate.optim.learning_rate.low=1e-7",
         "pbt.mutate.optim.learning_rate.start=[0.01,1e-7]",
         "eval.interval_steps=0",
-        timeout=600,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     members = sorted(p.name for p in sweep.iterdir() if p.name.startswith("pbt.member="))
     assert members == ["pbt.member=0", "pbt.member=1"] and population.is_population(sweep / "pbt")
-    for name in members:
-        assert checkpoint.load(checkpoint.path_in(sweep / name))["step"] == 8192
+
+    # The members ran as SLURM jobs: the tasks of one array, each one member, both COMPLETED.
+    tasks = job_ids(sweep)
+    array = tasks[0].split("_")[0]
+    assert tasks == [f"{array}_0", f"{array}_1"]
+    for member, task in enumerate(tasks):
+        output = (sweep / ".submitit" / task / f"{task}_0_log.out").read_text()
+        assert f"JobEnvironment(job_id={task}," in output and f"Population member {member} of 2" in output
+
+    def states():
+        out = subprocess.run(
+            ["sacct", "-o", "JobID,State", "--parsable2", "-j", array], capture_output=True, text=True, timeout=30
+        ).stdout
+        return dict(line.split("|") for line in out.splitlines()[1:])
+
+    # A task's result file is written just before its process exits, so SLURM may still say RUNNING.
+    wait_for(lambda: all(states().get(task) == "COMPLETED" for task in tasks), 60, "both array tasks COMPLETED (sacct)")
+
+    # Both members' rows in the population's table: a start, then a publish in every interval (the
+    # first beat past its end) to the last step.
     rows = population.read_table(sweep / "pbt")
-    for member in (0, 1):
-        published = [r["step"] for r in rows if r["member"] == member and r["event"] == "publish"]
-        assert published[-1] == 8192 and len(published) >= 3
-    assert len(job_ids(sweep)) == 2  # one array job, two tasks
+    for member, name in enumerate(members):
+        mine = [r for r in rows if r["member"] == member]
+        assert mine[0]["event"] == "start" and mine[0]["run_dir"] == f"../{name}"
+        published = [r["step"] for r in mine if r["event"] == "publish"]
+        assert [step // 2048 for step in published] == [1, 2, 3, 4] and published[-1] == 8192  # once per interval
+        assert checkpoint.load(checkpoint.path_in(sweep / name))["step"] == 8192
+        assert checkpoint.load(population.published_path(sweep / "pbt", member))["step"] == 8192
+
+    # At least one exploit: the worse member copied the other's published checkpoint, and its own
+    # final checkpoint carries that lineage.
+    exploits = [r for r in rows if r["event"] == "exploit"]
+    assert exploits, "no member copied the other: " + str(rows)
+    for row in exploits:
+        assert row["exploited_from"] == 1 - row["member"] and 0 < row["from_step"] <= 8192
+    first = exploits[0]
+    lineage = checkpoint.load(checkpoint.path_in(sweep / members[first["member"]]))["extras"]["pbt"]["lineage"]
+    assert lineage[0] == dict(step=first["step"], source=first["exploited_from"], source_step=first["from_step"])
+    print(f"SLURM population of 2: {len(exploits)} exploit(s), {time.monotonic() - started:.1f} s")

@@ -113,12 +113,15 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
 
 
 def _population_name(population_dir: Path, paths: Sequence) -> str:
-    """A population's name in the report: its dir relative to the path it was found under."""
-    for path in paths:
-        path = Path(path).resolve()
-        if population_dir.resolve().is_relative_to(path):
-            return str(population_dir.resolve().relative_to(path.parent))
-    return str(population_dir)
+    """A population's name in the report: its dir relative to what the paths have in common (with one
+    path, its parent), so that the same layout under two paths (runs/pbt/seed1/pbt and
+    runs/fixed/seed1/pbt) gives two names, and two figures."""
+    roots = [Path(path).resolve() for path in paths]
+    base = Path(os.path.commonpath(roots))
+    if base in roots:  # one path, or one inside another: keep that path's own name
+        base = base.parent
+    found = population_dir.resolve()
+    return str(found.relative_to(base)) if found.is_relative_to(base) else str(population_dir)
 
 
 def _peer(baseline: Optional[baselines.Baseline], run: runs.Run) -> tuple:
