@@ -16,11 +16,11 @@ from helpers import TINY, compose_config, run_cli
 CONF = Path(CONFIG_DIR)
 # Hydra's own groups extend Hydra's schemas; presets and ablations (global overrides of a preset)
 # are checked against the composed config below; pbt's options (global: they set the sweeper too)
-# in tests/test_pbt.py.
+# in tests/test_pbt.py; tasks (a task's own settings in a suite, global) in tests/test_tasks.py.
 OPTION_FILES = sorted(
     p.relative_to(CONF).as_posix()
     for p in CONF.rglob("*.yaml")
-    if p.relative_to(CONF).parts[0] not in ("hydra", "experiment", "ablation", "pbt")
+    if p.relative_to(CONF).parts[0] not in ("hydra", "experiment", "ablation", "pbt", "task")
 )
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 
@@ -150,3 +150,18 @@ def test_each_ablation_changes_only_its_own_lever_of_the_control_preset(name):
 def test_the_levers_suite_runs_every_ablation():
     suite = OmegaConf.load(CONF / "experiment" / "suite_mujoco_levers.yaml")
     assert sorted(str(suite.hydra.sweeper.params["ablation"]).split(",")) == ABLATIONS
+
+
+def test_the_atari_suite_composes_the_env_protocol_of_the_references_it_is_set_beside():
+    """experiment=suite_atari runs on the env settings that Dopamine's figures (baselines.yaml) need,
+    on each of its games, so that its runs compare with them."""
+    from torchbeast_hydra.analysis import baselines, measures
+
+    known = baselines.load_baselines()
+    for env in ("breakout", "space_invaders", "beam_rider"):
+        cfg = plain(compose_config(["experiment=suite_atari", f"env={env}"]))
+        flat = {f"env.{k}": v for k, v in cfg["env"].items()}
+        dopamine = [r for r in known[cfg["env"]["id"]].references if r["name"].startswith("Dopamine")]
+        assert dopamine and all(measures.other_settings(r, [flat]) is None for r in dopamine), env
+        assert cfg["total_steps"] == dopamine[0]["steps"]  # its budget: 10M frames
+        assert (cfg["env"]["noop_max"], cfg["env"]["fire_reset"], cfg["env"]["episodic_life"]) == (0, False, False)

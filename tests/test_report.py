@@ -14,7 +14,7 @@ from torchbeast_hydra.analysis import baselines, figures, measures, report, runs
 from torchbeast_hydra.evaluation.evaluate import EVAL_FIGURES
 from torchbeast_hydra.logs.sweep_record import is_run_control
 
-from helpers import assert_real_image, run_command, write_run
+from helpers import REPO, assert_real_image, run_command, write_run
 
 # Per task and seed: (env option, env.id, evaluation returns at steps 1,000, 2,000 and 3,000).
 # Finals normalise to 1.0 and 0.5 (Pong: random -20.7, human 14.6) and to 0.0 and 1.0
@@ -465,6 +465,105 @@ def test_runs_meant_to_stop_before_the_references_budget_get_the_peers_measure_a
     text = written["report"].read_text()
     assert "last 100 training episodes at 3,000 steps" in text
     assert "HalfCheetah-v5 (2 of 2 runs short of CleanRL PPO's budget, 1,000,000 steps: not comparable)" in text
+    assert "its measure, but these runs were read at 3,000 steps, short of its budget: not compared" in text
+
+
+def test_dopamines_measure_is_the_training_episodes_that_ended_in_the_last_iteration():
+    """Rows of episodes that ended since the row before: the window (budget - iteration, first
+    update at or past budget] holds the episodes of the rows at 2,000 and 3,000, not 1,000's."""
+    train = pd.DataFrame(dict(step=[1000, 2000, 3000, 4000], episode_returns=[[50.0] * 9, [1.0, 3.0], [2.0], [90.0]]))
+    figure = measures.iteration_mean(train, budget=2500, iteration_steps=1500)  # rows after 1,000, up to 3,000
+    assert figure == (pytest.approx(2.0), 3000, 3)
+    assert measures.iteration_mean(train, budget=3000, iteration_steps=1000) == (2.0, 3000, 1)  # its own row only
+    assert measures.iteration_mean(train, budget=4001, iteration_steps=1000) is None  # never reached the budget
+    assert measures.iteration_mean(pd.DataFrame(dict(step=[1000], episode_returns=[[]])), 1000, 500) is None
+    # A reference's measure picks the window: Dopamine's iteration, else CleanRL's last 100 episodes.
+    dopamine = dict(name="Dopamine DQN", measure="train_iteration", iteration_steps=1500, steps=2500)
+    assert measures.peer_figure(train, 2500, dopamine) == figure
+    assert measures.peer_figure(train, 2500)[0] == pytest.approx((9 * 50.0 + 1.0 + 3.0 + 2.0) / 12)
+
+
+DOPAMINE_PROTOCOL = dict(sticky_action_prob=0.25, full_action_space=False, frame_skip=4)
+
+
+def test_a_reference_with_env_settings_compares_only_with_runs_that_have_them():
+    reference = dict(name="Dopamine DQN", measure="train_iteration", env_settings=DOPAMINE_PROTOCOL)
+    sticky = {f"env.{k}": v for k, v in DOPAMINE_PROTOCOL.items()}
+    plain = {**sticky, "env.sticky_action_prob": 0.0}
+    task = "ALE/Breakout-v5"
+    assert measures.why_not_comparable(reference, task, configs=[sticky, sticky]) is None
+    why = measures.why_not_comparable(reference, task, configs=[sticky, plain])
+    assert why == "another env protocol (env.sticky_action_prob=0.0 in 1 of 2 runs, the reference's 0.25)"
+    # A run that does not record a setting (made before it existed) is not taken to have it.
+    unrecorded = {k: v for k, v in sticky.items() if k != "env.frame_skip"}
+    assert "env.frame_skip=not recorded" in measures.why_not_comparable(reference, task, configs=[unrecorded])
+    # An anchor (the human score) compares with any run.
+    assert measures.why_not_comparable(dict(name="human", measure="human"), task, configs=[plain]) is None
+
+
+def test_dopamines_figures_are_set_beside_runs_of_its_protocol_only(tmp_path):
+    """Breakout runs with and without sticky actions against a Dopamine-style reference measured per
+    iteration (1,500 steps before 2,500 here): both get the figure, only the sticky ones are compared."""
+    sweep = tmp_path / "sweep"
+    for job, (sticky, seed) in enumerate([(0.25, 1), (0.25, 2), (0.0, 1)]):
+        env = dict(id="ALE/Breakout-v5", **{**DOPAMINE_PROTOCOL, "sticky_action_prob": sticky})
+        rows = [(1000, [50.0], 0.5), (2000, [float(seed)], 0.5), (3000, [float(seed)], 0.5)]
+        write_run(
+            sweep / str(job),
+            ["env=breakout", f"seed={seed}", f"env.sticky_action_prob={sticky}"],
+            seed,
+            rows,
+            config=dict(env=env, total_steps=3000),
+            choices=dict(env="breakout"),
+            steps_per_s=100.0,
+        )
+    data = yaml.safe_load(baselines.BASELINES.read_text())
+    breakout = data["ALE/Breakout-v5"]
+    dopamine = dict(
+        name="Dopamine DQN",
+        score=5.0,
+        measure="train_iteration",
+        steps=2500,
+        iteration_steps=1500,
+        seeds=5,
+        env_settings=DOPAMINE_PROTOCOL,
+        source="a test",
+    )
+    breakout.update(random=dict(score=0.0, source="a test"), normalise_by="Dopamine DQN", references=[dopamine])
+    path = tmp_path / "baselines.yaml"
+    path.write_text(yaml.safe_dump(data))
+    written = report.write_report([sweep], tmp_path / "out", report.Options(baselines=path, metric="train", reps=200))
+    per_run = pd.read_csv(written["runs_csv"], dtype={"run": str}, keep_default_na=False).set_index("run")
+    # Each run's episodes of its last iteration (the rows at 2,000 and 3,000): its seed, twice.
+    assert per_run["peer"].astype(float).to_dict() == {"0": 1.0, "1": 2.0, "2": 1.0}
+    assert (per_run["peer_measure"] == "train_iteration").all() and (per_run["peer_episodes"].astype(int) == 2).all()
+    assert per_run.loc[["0", "1"], "peer_other_settings"].tolist() == ["", ""]
+    assert "env.sticky_action_prob=0.0, the reference's 0.25" in per_run.loc["2", "peer_other_settings"]
+    # Normalised on the sticky setting only (mean 1.5 of 5), the other left out with why.
+    (aggregate,) = pd.read_csv(written["aggregates_csv"]).to_dict("records")
+    assert aggregate["runs"] == 2 and aggregate["mean"] == pytest.approx(1.5 / 5)
+    text = written["report"].read_text()
+    assert "env.sticky_action_prob=0.0 (1 run; Dopamine DQN: another env protocol" in text
+    assert "training episodes of the last 1,500 steps at 2,500 steps" in text
+    only = "compared with the 2 of 3 runs that have its env settings only: another env protocol"
+    assert f"{only} (env.sticky_action_prob=0.0 in 1 of 3 runs" in text
+
+
+def test_dopamines_packaged_figures_name_their_protocol_and_refuse_the_kept_run_without_it():
+    """baselines.yaml's Dopamine figures (iteration 9: 9M to 10M frames) need sticky actions; the kept
+    Breakout run of docs/reports/atari-10m has none, so it is never set beside them."""
+    known = baselines.load_baselines()
+    kept = runs.read_config(REPO / "docs/reports/atari-10m/runs/env=breakout,seed=1")
+    for task in ("ALE/Breakout-v5", "ALE/SpaceInvaders-v5", "ALE/BeamRider-v5", "ALE/Pong-v5"):
+        dopamine = [r for r in known[task].references if r["name"].startswith("Dopamine")]
+        assert {r["name"] for r in dopamine} == {"Dopamine DQN", "Dopamine C51", "Dopamine Rainbow", "Dopamine IQN"}
+        for reference in dopamine:
+            assert reference["measure"] == "train_iteration" and reference["seeds"] == 5
+            assert (reference["steps"], reference["iteration_steps"]) == (2_500_000, 250_000)
+            assert reference["env_settings"]["sticky_action_prob"] == 0.25
+        assert known[task].peer_reference()["name"] == "Dopamine DQN"
+        assert "sticky_action_prob=0.0" in known[task].why_not_comparable(dopamine[0], task, [kept])
+        assert known[task].why_not_comparable(dopamine[0], task, [{**kept, "env.sticky_action_prob": 0.25}]) is None
 
 
 def test_populations_laid_out_alike_under_two_paths_get_two_names(tmp_path):

@@ -35,9 +35,13 @@ def test_a_two_task_two_seed_suite_runs_resumes_and_reports(tmp_path):
     result = run_sweep(sweep, *command, timeout=600)
     assert result.returncode == 0, result.stderr
     jobs = sorted(p.name for p in sweep.iterdir() if (p / "logs.csv").exists())
-    assert jobs == sorted(f"env.id={task},seed={seed}" for task in ("Acrobot-v1", "CartPole-v1") for seed in (1, 2))
+    assert jobs == sorted(f"seed={seed},task={task}" for task in ("Acrobot-v1", "CartPole-v1") for seed in (1, 2))
     for job in jobs:
         assert read_rows(sweep / job / "eval.csv")[-1]["final"] is True  # each job evaluated at its end
+    # Each run's saved config holds its task's own settings (conf/task/).
+    for task, learning_rate in (("CartPole-v1", 0.001), ("Acrobot-v1", 0.003)):
+        saved = yaml.safe_load((sweep / f"seed=1,task={task}" / ".hydra" / "config.yaml").read_text())
+        assert (saved["env"]["id"], saved["optim"]["learning_rate"]) == (task, learning_rate)
 
     # The same command again: every job resumes at its end (its checkpoint), nothing is trained twice.
     again = run_sweep(sweep, *command, timeout=600)
@@ -51,9 +55,9 @@ def test_a_two_task_two_seed_suite_runs_resumes_and_reports(tmp_path):
     tasks = pd.read_csv(written["tasks_csv"]).set_index("task")
     assert set(tasks.index) == {"CartPole-v1", "Acrobot-v1"} and set(tasks["seeds"]) == {2}
     finals = {job: read_rows(sweep / job / "eval.csv")[-1]["mean_return"] for job in jobs}
-    cartpole = [finals[f"env.id=CartPole-v1,seed={s}"] for s in (1, 2)]
+    cartpole = [finals[f"seed={s},task=CartPole-v1"] for s in (1, 2)]
     assert tasks.loc["CartPole-v1", "final"] == pytest.approx(sum(cartpole) / 2)
     (aggregate,) = pd.read_csv(written["aggregates_csv"]).to_dict("records")
-    normalised = [r / 500 for r in cartpole] + [(finals[f"env.id=Acrobot-v1,seed={s}"] + 500) / 400 for s in (1, 2)]
+    normalised = [r / 500 for r in cartpole] + [(finals[f"seed={s},task=Acrobot-v1"] + 500) / 400 for s in (1, 2)]
     assert aggregate["tasks"] == 2 and aggregate["mean"] == pytest.approx(sum(normalised) / 4)
     assert (tmp_path / "report" / "report.md").exists()

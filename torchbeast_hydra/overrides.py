@@ -1,17 +1,20 @@
 """The command line's overrides, checked before Hydra composes the config: an option that no
 group has, or a key that no config has, is refused with the nearest names in our one-line style
 (Hydra's own messages would list the schemas, base_env, ..., among a group's options, and tell a
-user who misspelt a key to append it with `+`)."""
+user who misspelt a key to append it with `+`). So is an option file the command picks (a preset,
+a suite's task) that sets a key no schema declares, for every option a sweep goes through, before
+its first job starts."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from pathlib import Path
 
 from hydra.core.override_parser.types import OverrideType
 from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import ValidationError
+from omegaconf.errors import ConfigKeyError, ValidationError
 
 from torchbeast_hydra.agent.settings import ModelConfig
 from torchbeast_hydra.errors import ConfigError
@@ -38,8 +41,18 @@ def check_overrides(argv: list[str], config_dir: str) -> None:
                 _check_option(name, value, groups[name])
         elif override.type is OverrideType.CHANGE and not name.startswith("hydra") and "/" not in name:
             keys.append(override)
+    first_choices = [_first_choice(o) for o in choices]
+    search = [f"hydra.searchpath=[{','.join(f'file://{Path(d).resolve()}' for d in extra_dirs)}]"] if extra_dirs else []
+    cfg = _compose([*first_choices, *search], config_dir)
+    if cfg is None:
+        return  # Hydra's own message for what it cannot compose
     if keys:
-        _check_keys_exist(keys, [_first_choice(o) for o in choices], config_dir)
+        _check_keys_exist(keys, cfg)
+    if "-m" in argv or "--multirun" in argv:
+        for group, values in _swept_options(cfg, choices, groups).items():
+            others = [c for c, o in zip(first_choices, choices) if o.key_or_group != group]
+            for value in values:
+                _compose([*others, f"{group}={value}", *search], config_dir)
 
 
 def option_files(config_dir: str) -> dict:
@@ -100,16 +113,67 @@ def _first_choice(override) -> str:
     return f"{prefix}{override.key_or_group}={values[0] if values else 'null'}"
 
 
-def _check_keys_exist(keys: list, choices: list[str], config_dir: str) -> None:
-    """Each key must be in the config that these group choices compose (without `+`, Hydra only
-    changes keys that exist), and each of its values must fit the key's type."""
+def _compose(choices: list[str], config_dir: str):
+    """The config (with Hydra's own) that these group choices compose; None where Hydra cannot
+    compose it (its own message follows), but ConfigError where an option file the choices pick
+    sets a key no schema declares or a value its key's type cannot take."""
     from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
 
     try:
         with initialize_config_dir(config_dir=config_dir, version_base="1.3"):
-            cfg = compose(config_name="config", overrides=choices)
-    except Exception:  # Hydra's own message for what it cannot compose
+            return compose(config_name="config", overrides=choices, return_hydra_config=True)
+    except ConfigCompositionException as error:
+        _refuse_option_file(error)
+        return None
+    except Exception:
+        return None
+
+
+def _refuse_option_file(error) -> None:
+    """ConfigError for Hydra's `In 'task/X': ConfigKeyError ...` (an option file setting a key its
+    schema lacks) or a value of the wrong type there; nothing for any other failure."""
+    cause = error.__cause__ or error.__context__
+    where = re.match(r"In '([^']+)'", str(error))
+    if where is None or not isinstance(cause, (ConfigKeyError, ValidationError)) or not cause.full_key:
         return
+    option = where.group(1)
+    group, _, name = option.rpartition("/")
+    head = f"{group}={name}: {option}.yaml sets {cause.full_key}"
+    schema = cause.object_type
+    if isinstance(cause, ConfigKeyError) and dataclasses.is_dataclass(schema):
+        declared = [f.name for f in dataclasses.fields(schema)]
+        near = difflib.get_close_matches(str(cause.key), declared, n=1)
+        parent = cause.full_key.rpartition(".")[0]
+        hint = f" (did you mean {parent + '.' if parent else ''}{near[0]}?)" if near else ""
+        raise ConfigError(f"{head}, which {schema.__name__} does not declare{hint}: correct or remove it there.")
+    first = str(cause).splitlines()[0]
+    raise ConfigError(f"{head}: {first}; give it a value of its type there.")
+
+
+def _swept_options(cfg: DictConfig, choices: list, groups: dict) -> dict:
+    """{group: its options} for each config group a multirun sweeps: on the command line or in the
+    preset's hydra.sweeper.params (a suite's `task: CartPole-v1,Acrobot-v1`); the command line wins."""
+    swept = {}
+    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None)
+    if isinstance(params, DictConfig):
+        lines = [f"{key}={value}" for key, value in params.items() if key in groups and value is not None]
+        for override in _parse_overrides(lines):
+            swept[override.key_or_group] = _values(override)
+    for override in choices:
+        if override.is_sweep_override():
+            swept[override.key_or_group] = _values(override)
+        else:
+            swept.pop(override.key_or_group, None)  # one option, given: the command line wins
+    for group, values in swept.items():
+        for value in values:
+            _check_option(group, value, groups[group])
+    return swept
+
+
+def _check_keys_exist(keys: list, cfg: DictConfig) -> None:
+    """Each key must be in the config that the command's group choices compose (without `+`, Hydra
+    only changes keys that exist), and each of its values must fit the key's type."""
     for override in keys:
         key = override.key_or_group
         parent_path, _, leaf = key.rpartition(".")

@@ -270,6 +270,14 @@ def about(header: list[str]) -> str:
     return re.sub(r"\s*Its keys and their defaults:[^.]*(\.[A-Za-z_]+)*[^.]*\.", "", text).strip()
 
 
+# What the options of a group without a schema of its own set (each sets keys of other groups).
+GLOBAL_GROUPS = {
+    "ablation": "one lever of a preset turned off, after the preset",
+    "task": "a task's env id and its own settings in a suite that sweeps it (`task=CartPole-v1`), after the "
+    "preset and before the command line ([Benchmark suites](sweeps-and-slurm.md#per-task-settings))",
+}
+
+
 def options_table(conf: Path, group: str, schema_names: dict[str, str]) -> list[str]:
     files = sorted((conf / group).glob("*.yaml"))
     if not files:
@@ -377,8 +385,9 @@ def reference(conf: Path) -> str:
             out += schema_section(cls, getattr(cls, "reference_prefix", group + "."), registered)
 
     others = sorted(p.name for p in conf.iterdir() if p.is_dir() and p.name not in groups and p.name != "hydra")
-    for group in others:  # presets with no schema of their own (experiment)
-        out += [f"## {group}", "", f"Options (`conf/{group}/`): presets over the groups above.", ""]
+    for group in others:  # presets with no schema of their own (experiment, ablation, task)
+        what = GLOBAL_GROUPS.get(group, "presets over the groups above")
+        out += [f"## {group}", "", f"Options (`conf/{group}/`): {what}.", ""]
         out += options_table(conf, group, {}) + [""]
 
     out += ["## hydra", "", "This project's presets for Hydra's launcher and sweeper groups.", ""]

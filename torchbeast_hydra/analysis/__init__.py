@@ -4,7 +4,8 @@ eval.csv, .hydra/) and never the training code.
 runs.py         the one loader: find runs and mode=test dirs, read their config, seed and rows
                 (load -> [Run]; load_runs -> one DataFrame), copy what a report reads (keep_runs)
 scores.py       normalised scores, IQM / median / mean / optimality gap, stratified bootstrap
-measures.py     the peers' measure (last 100 training episodes at a budget), what compares, spreads
+measures.py     the peers' measures (last 100 training episodes, or the last iteration's, at a budget),
+                what compares (measure, env, env settings), spreads
 baselines.py    published reference scores (baselines.yaml, with sources)
 tables.py       each run's score curve and summary; per-task and across-task tables
 figures.py      the plot command's and the report's figures (PNG, without pyplot)

@@ -26,16 +26,22 @@ class Baseline:
     same_dynamics: list = field(default_factory=list)  # ids whose figures compare with each other
     notes: Optional[str] = None
 
-    def why_not_comparable(self, reference: dict, task: str) -> Optional[str]:
-        """None if runs on task compare with this reference (measures.why_not_comparable)."""
-        return measures.why_not_comparable(reference, task, self.same_dynamics)
+    def why_not_comparable(self, reference: dict, task: str, configs=()) -> Optional[str]:
+        """None if runs on task (with these flattened configs) compare with this reference
+        (measures.why_not_comparable)."""
+        return measures.why_not_comparable(reference, task, self.same_dynamics, configs)
+
+    def peer_reference(self) -> Optional[dict]:
+        """The reference whose measure and budget the runs' peer figure is read on: its normaliser
+        when that is measured from training episodes, else its first such reference; None if none."""
+        peers = [r for r in self.references if measures.measure_of(r) in measures.FROM_TRAINING and r.get("steps")]
+        peers.sort(key=lambda r: r["name"] != self.normalise_by)
+        return peers[0] if peers else None
 
     def peer_budget(self) -> Optional[float]:
-        """The steps at which the peers' measure (train_last_100) is read for this task: its
-        normaliser's, else its first such reference's; None if it has none."""
-        peers = [r for r in self.references if measures.measure_of(r) == "train_last_100" and r.get("steps")]
-        peers.sort(key=lambda r: r["name"] != self.normalise_by)
-        return float(peers[0]["steps"]) if peers else None
+        """The steps at which the peer figure is read for this task (peer_reference's); None if none."""
+        reference = self.peer_reference()
+        return float(reference["steps"]) if reference else None
 
     def normaliser(self) -> Optional[dict]:
         """The reference that scores 1 (with the random score as 0), or None if either is missing."""

@@ -147,7 +147,7 @@ def curve_figure(task: str, task_runs: list, metric: str, baseline: Optional[Bas
         ax.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0)
         drawn.append(matrix)
     if baseline is not None:
-        _draw_references(ax, baseline, drawn, task)
+        _draw_references(ax, baseline, drawn, task, [r.config for r in task_runs])
     ax.set_title(task)
     ax.set_xlabel("agent steps")
     ax.set_ylabel("evaluation return" if metric == "eval" else "training return")
@@ -185,7 +185,7 @@ def on_one_grid(curves: list) -> tuple:
     return steps, matrix
 
 
-def _draw_references(ax, baseline: Baseline, drawn: list, task: str) -> None:
+def _draw_references(ax, baseline: Baseline, drawn: list, task: str, configs=()) -> None:
     """Dashed lines for the references that compare with these runs (dotted for random play); one
     far off the runs' scale is named in the legend but not drawn, so that it does not flatten the
     curves. The others are listed in report.md, with why they do not compare."""
@@ -193,7 +193,13 @@ def _draw_references(ax, baseline: Baseline, drawn: list, task: str) -> None:
     low, high = (float(values.min()), float(values.max())) if len(values) else (-np.inf, np.inf)
     span = max(high - low, 1e-9) if len(values) else np.inf
     lines = [dict(name="random", score=baseline.random["score"], steps=None)] if baseline.random else []
-    comparable = [r for r in baseline.references if baseline.why_not_comparable(r, task) is None]
+    # A reference whose env settings only some runs have is drawn for those (report.md says which).
+    comparable = [
+        r
+        for r in baseline.references
+        if baseline.why_not_comparable(r, task) is None
+        and (not configs or any(baseline.why_not_comparable(r, task, [c]) is None for c in configs))
+    ]
     for i, reference in enumerate([*lines, *comparable]):
         label = f"{reference['name']}: {formatting.number(reference['score'])}"
         if reference.get("steps"):

@@ -25,9 +25,10 @@ def render_markdown(paths, scored: tables.Scored, options, written: dict) -> str
         "",
         f"{len(loaded)} run{'s' * (len(loaded) != 1)} in {', '.join(str(p) for p in paths)}.",
         f"Score: {what}.",
-        "Peers' measure, beside it: the mean of the last 100 training episodes (sampled actions) that ended by "
-        "the first update at or past the budget (the task's published reference's, else the run's total_steps), "
-        "as CleanRL and openrlbenchmark report theirs.",
+        "Peers' measure, beside it: the training episodes (sampled actions) read as the task's published "
+        "reference read its, at its budget (else at the run's total_steps): the mean of the last 100 that ended by "
+        "the first update at or past the budget (CleanRL's, openrlbenchmark's), or, for a reference given per "
+        "iteration (Dopamine's), the mean of those that ended within the last iteration before it.",
         f"Spread over seeds: with {measures.MIN_SEEDS_FOR_INTERVAL} seeds or more, a {scores.CONFIDENCE:.0%} "
         f"percentile bootstrap interval of the mean ({options.reps:,} replicates, seed {options.seed}); with "
         "fewer, the seeds' range (min, max), since such an interval is little more than the range "
@@ -72,7 +73,9 @@ def render_markdown(paths, scored: tables.Scored, options, written: dict) -> str
         lines += ["", f"## {task}", "", f"![{task}]({written[f'curve:{task}'].name})", ""]
         lines += _task_markdown(table[table["task"] == task], options.target(task), metric)
         lines += _runs_markdown(per_run[per_run["task"] == task], metric)
-        lines += _references_markdown(scored.known.get(task), task)
+        configs = [r.config for r in loaded if r.task == task]
+        budgets = per_run[per_run["task"] == task]["peer_budget"].dropna().tolist()
+        lines += _references_markdown(scored.known.get(task), task, configs, budgets)
     lines += ["", "## Across tasks (normalised final scores)", ""]
     lines += _aggregate_markdown(scored.aggregates, scored.used, scored.left_out, written)
     return "\n".join(lines) + "\n"
@@ -103,7 +106,7 @@ def _task_markdown(rows: pd.DataFrame, target: Optional[float], metric: str) -> 
     at = f" at {formatting.steps(budgets[0])} steps" if len(budgets) == 1 else " at each run's total_steps"
     ours = "evaluation" if metric == "eval" else "training, last 100"
     lines = [
-        f"| setting | seeds | final ({ours}) | best | last 100 training episodes{at} | {target_header} | "
+        f"| setting | seeds | final ({ours}) | best | {_peer_label(rows)}{at} | {target_header} | "
         "training time | steps/s |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -131,16 +134,25 @@ def _task_markdown(rows: pd.DataFrame, target: Optional[float], metric: str) -> 
 def _runs_markdown(rows: pd.DataFrame, metric: str) -> list:
     """Each run's final score beside the peers' measure, with the episodes and the step it was read at."""
     ours = "evaluation" if metric == "eval" else "training, last 100"
-    lines = ["", f"| run | seed | final ({ours}) | last 100 training episodes |", "|---|---|---|---|"]
+    lines = ["", f"| run | seed | final ({ours}) | {_peer_label(rows)} |", "|---|---|---|---|"]
     for row in rows.itertuples(index=False):
         if np.isnan(row.peer):
             peer = f"- (short of {formatting.steps(row.peer_budget)} steps)" if not np.isnan(row.peer_budget) else "-"
         else:
             at = formatting.steps(row.peer_step)
             peer = f"{formatting.number(row.peer)} ({row.peer_episodes} episodes, at step {at})"
+        if isinstance(row.peer_other_settings, str) and row.peer_other_settings:  # not the reference's protocol
+            peer += f"; not comparable: {row.peer_other_settings}"
         seed = "-" if row.seed is None or (isinstance(row.seed, float) and np.isnan(row.seed)) else int(row.seed)
         lines.append(f"| {row.run} | {seed} | {formatting.number(row.final)} | {peer} |")
     return lines
+
+
+def _peer_label(rows: pd.DataFrame) -> str:
+    """The peer figure's column name: its measure (one per task: its peer reference's)."""
+    if "peer_measure" in rows and len(rows) and rows["peer_measure"].iloc[0] == "train_iteration":
+        return f"training episodes of the last {formatting.steps(rows['peer_iteration_steps'].iloc[0])} steps"
+    return "last 100 training episodes"
 
 
 def _spread(point: float, low: float, high: float, kind: str) -> str:
@@ -152,8 +164,10 @@ def _spread(point: float, low: float, high: float, kind: str) -> str:
     return formatting.with_interval(point, low, high)
 
 
-def _references_markdown(baseline: Optional[baselines.Baseline], task: str) -> list:
-    """Each reference with its measure, env, budget and seeds, and whether it compares with these runs."""
+def _references_markdown(baseline: Optional[baselines.Baseline], task: str, configs=(), budgets=()) -> list:
+    """Each reference with its measure, env, budget and seeds, and whether it compares with these runs
+    (their flattened configs: a reference's env_settings must be theirs; the budgets their peers'
+    measure was read at: a measured reference's own, or the runs fall short of it)."""
     if baseline is None:
         return ["", "No published reference for this task in baselines.yaml."]
     lines = [""]
@@ -164,18 +178,30 @@ def _references_markdown(baseline: Optional[baselines.Baseline], task: str) -> l
         facts = [measures.MEASURES[measure]]
         if measure not in measures.ANCHORS:
             facts.append(f"on {reference.get('env') or baseline.task}")
+        if reference.get("iteration_steps"):
+            facts.append(f"an iteration of {formatting.steps(reference['iteration_steps'])} steps")
+        if reference.get("env_settings"):
+            facts.append(", ".join(f"env.{k}={v}" for k, v in reference["env_settings"].items()))
         if reference.get("steps"):
             facts.append(f"at {formatting.steps(reference['steps'])} steps")
         if reference.get("seeds"):
             facts.append(f"{reference['seeds']} seeds")
-        why_not = baseline.why_not_comparable(reference, task)
+        why_not = baseline.why_not_comparable(reference, task, configs)
         if measure == "other":
             facts[0] = why_not  # what it is: how it was measured
             verdict = "shown, not compared"
+        elif why_not is not None and _of_its_protocol(baseline, reference, task, configs):
+            some = _of_its_protocol(baseline, reference, task, configs)
+            verdict = f"compared with the {some} of {len(configs)} runs that have its env settings only: {why_not}"
         elif why_not is not None:
             verdict = f"not comparable with these runs: {why_not}"
+        elif measure in measures.FROM_TRAINING and any(b != reference.get("steps") for b in budgets):
+            short = formatting.steps(min(budgets))
+            verdict = f"its measure, but these runs were read at {short} steps, short of its budget: not compared"
         elif measure == "train_last_100":
             verdict = "compared with the runs' last 100 training episodes at its budget"
+        elif measure == "train_iteration":
+            verdict = "compared with the runs' training episodes of its last iteration before its budget"
         else:
             verdict = "an anchor: compared with the runs' final score"
         lines.append(
@@ -185,6 +211,11 @@ def _references_markdown(baseline: Optional[baselines.Baseline], task: str) -> l
     if baseline.notes:
         lines.append(f"- notes: {baseline.notes}")
     return lines
+
+
+def _of_its_protocol(baseline: baselines.Baseline, reference: dict, task: str, configs) -> int:
+    """How many of the runs (flattened configs) compare with the reference one by one."""
+    return sum(baseline.why_not_comparable(reference, task, [config]) is None for config in configs)
 
 
 def _aggregate_markdown(aggregates: pd.DataFrame, used: dict, left_out: list, written: dict) -> list:
@@ -223,4 +254,9 @@ def _normalised_measure(baseline: baselines.Baseline) -> str:
     reference = baseline.normaliser()
     if measures.measure_of(reference) == "train_last_100":
         return f"the last 100 training episodes at {formatting.steps(reference['steps'])} steps"
+    if measures.measure_of(reference) == "train_iteration":
+        return (
+            f"the training episodes of the last {formatting.steps(reference['iteration_steps'])} steps "
+            f"before {formatting.steps(reference['steps'])}"
+        )
     return "the final score"

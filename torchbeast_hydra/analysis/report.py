@@ -67,7 +67,7 @@ def write_report(paths: Sequence[str | Path], out_dir: str | Path, options: Opti
         )
     known = baselines.load_baselines(options.baselines)
     per_run = pd.DataFrame(
-        [tables.summarise(r, metric, options.target(r.task), _peer_budget(known.get(r.task), r)) for r in loaded]
+        [tables.summarise(r, metric, options.target(r.task), *_peer(known.get(r.task), r)) for r in loaded]
     )
     table = tables.task_table(per_run, options.reps, options.seed)
     normalised, used, left_out = tables.normalised_scores(per_run, known)
@@ -124,14 +124,15 @@ def _population_name(population_dir: Path, paths: Sequence) -> str:
     return str(found.relative_to(base)) if found.is_relative_to(base) else str(population_dir)
 
 
-def _peer_budget(baseline: Optional[baselines.Baseline], run: runs.Run) -> Optional[float]:
-    """Where a run's peers' measure is read: at its task's reference's budget when the run was meant
-    to reach it (its total_steps), else at its own total_steps (and then not compared)."""
-    budget = baseline.peer_budget() if baseline is not None else None
+def _peer(baseline: Optional[baselines.Baseline], run: runs.Run) -> tuple:
+    """(budget, reference): a run's peer figure is read on its task's peer reference's measure, at
+    that reference's budget when the run was meant to reach it (its total_steps), else at its own
+    total_steps (and then not compared)."""
+    reference = baseline.peer_reference() if baseline is not None else None
     total_steps = run.config.get("total_steps")
-    if budget is None or (isinstance(total_steps, (int, float)) and total_steps < budget):
-        return total_steps
-    return budget
+    if reference is None or (isinstance(total_steps, (int, float)) and total_steps < reference["steps"]):
+        return total_steps, reference
+    return float(reference["steps"]), reference
 
 
 def _save(fig: Figure, path: Path) -> Path:

@@ -77,17 +77,22 @@ def met_stop_target(run: Run) -> bool:
     return target_met(zip(periodic["step"], periodic["mean_return"]), stop_at, confirmations) is not None
 
 
-def summarise(run: Run, metric: str, target: Optional[float], budget: Optional[float] = None) -> dict:
+def summarise(
+    run: Run, metric: str, target: Optional[float], budget: Optional[float] = None, reference: Optional[dict] = None
+) -> dict:
     """Final and best score, the first step at or above target, training time and steps/s; the
-    peers' measure (the mean of the last 100 training episodes) at budget (default: the run's
-    total_steps); with evaluations, how many were pooled into the final score."""
+    peer figure at budget (default: the run's total_steps), on the measure of `reference` (the
+    task's peer reference: baselines.Baseline.peer_reference), else the last 100 training episodes,
+    and which env settings of the reference the run lacks ("" if none); with evaluations, how
+    many were pooled into the final score."""
     steps, values = curve(run, metric)
     total_steps = run.config.get("total_steps")
     budget = budget if budget is not None else total_steps
     last_step = float(run.train["step"].max())
     if budget and met_stop_target(run):  # complete where its evaluations met the target: read it there
         budget = min(budget, last_step)
-    peer = measures.last_episodes_mean(run.train, budget) if budget else None
+    peer = measures.peer_figure(run.train, budget, reference) if budget else None
+    measure = measures.measure_of(reference) if reference is not None else "train_last_100"
     wall = float(run.train["time_s"].max()) if "time_s" in run.train and run.train["time_s"].notna().any() else np.nan
     reached = np.nonzero(values >= target)[0] if target is not None and len(values) else []
     pooled, episodes = final_pool(run) if metric == "eval" else (0, 0)
@@ -106,6 +111,9 @@ def summarise(run: Run, metric: str, target: Optional[float], budget: Optional[f
         peer_step=peer.step if peer else np.nan,
         peer_episodes=peer.episodes if peer else 0,
         peer_budget=budget if budget else np.nan,
+        peer_measure=measure,
+        peer_iteration_steps=float(reference["iteration_steps"]) if measure == "train_iteration" else np.nan,
+        peer_other_settings=(measures.other_settings(reference, [run.config]) or "") if reference else "",
         final_pooled=pooled,
         final_episodes=episodes,
         steps=last_step,
@@ -141,6 +149,8 @@ def task_table(per_run: pd.DataFrame, reps: int, seed: int, confidence: float = 
             row["spread"] = row.get("spread") or figure.kind
         row["peer_seeds"] = int(part["peer"].notna().sum())
         row["peer_budget"] = float(part["peer_budget"].max())
+        row["peer_measure"] = part["peer_measure"].iloc[0]  # one peer reference per task
+        row["peer_iteration_steps"] = float(part["peer_iteration_steps"].iloc[0])
         reached = part["steps_to_target"].dropna()
         others = part[part["steps_to_target"].isna()]["best"].dropna()
         row.update(
@@ -172,7 +182,17 @@ def normalised_scores(per_run: pd.DataFrame, baselines: dict) -> tuple:
         if why_not is not None:
             left_out.append(f"{task} ({reference['name']}: {why_not}; not comparable)")
             continue
-        column = "peer" if measures.measure_of(reference) == "train_last_100" else "final"
+        column = "peer" if measures.measure_of(reference) in measures.FROM_TRAINING else "final"
+        if column == "peer":  # runs on another env protocol than the reference's are left out, with why
+            other = part["peer_other_settings"].fillna("").astype(str)
+            for setting, reasons in other[other.ne("")].groupby(part["setting"], sort=False):
+                left_out.append(
+                    f"{task} {setting} ({len(reasons)} run{'s' * (len(reasons) != 1)}; {reference['name']}: "
+                    f"{reasons.iloc[0]}; not comparable)"
+                )
+            part = part[other.eq("")]
+            if part.empty:
+                continue
         if column == "peer" and not (part["peer"].notna() & (part["peer_budget"] == reference["steps"])).all():
             short = int((part["peer"].isna() | (part["peer_budget"] != reference["steps"])).sum())
             left_out.append(

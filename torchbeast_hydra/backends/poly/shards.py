@@ -95,6 +95,7 @@ class ShardLink:
         self.request, self.reply = _shared(request), _shared(reply)
         self.slots = [(_shared(rollouts), tuple(_shared(dict(enumerate(state))).values())) for rollouts, state in slots]
         self.stats = torch.zeros(STATS, dtype=torch.float64).share_memory_()
+        self.counters = self.stats.numpy()  # the same memory, read without torch's per-read cost
         self.command = torch.zeros(1, dtype=torch.int64).share_memory_()
         self.infer, self.infer_shard = ctx.Pipe()  # learner end, shard end
         self.rollouts, self.rollouts_shard = ctx.Pipe()
@@ -322,10 +323,10 @@ class CentralServer:
         """[(link, rows)]: the shards' waiting batches, waiting up to timeout_s after the first for
         every shard with clients to send one (none is waited on twice)."""
         pending, rows, deadline = {}, 0, None
+        with self.lock:  # one look a batch: a shard added meanwhile sends again after this batch
+            links = {link.infer: link for link in self.links.values()}
         while rows < self.max_batch_size:
-            with self.lock:
-                links = {link.infer: link for link in self.links.values()}
-            active = sum(1 for link in links.values() if link.stats[CONNECTED] > 0)
+            active = sum(1 for link in links.values() if link.counters[CONNECTED] > 0)
             if pending and len(pending) >= active:
                 break
             wait = POLL_S if deadline is None else deadline - time.monotonic()
@@ -335,6 +336,7 @@ class CentralServer:
                 try:
                     n = struct.unpack("<i", conn.recv_bytes())[0]
                 except (EOFError, OSError):  # the shard died: its supervisor replaces it
+                    del links[conn]
                     with self.lock:
                         self.links = {i: link for i, link in self.links.items() if link.infer is not conn}
                     continue
@@ -496,7 +498,7 @@ class ShardedServer:
     @property
     def connected(self) -> int:
         with self.central.lock:
-            return int(sum(link.stats[CONNECTED] for link in self.central.links.values()))
+            return int(sum(link.counters[CONNECTED] for link in self.central.links.values()))
 
     def take_step_stats(self) -> float | None:
         """CPU microseconds of the shards' server work per env step since the last call."""
@@ -504,7 +506,7 @@ class ShardedServer:
         with self.central.lock:
             links = dict(self.central.links)
         for index, link in links.items():
-            total = (float(link.stats[STEP_SECONDS]), float(link.stats[STEP_ENVS]))
+            total = (float(link.counters[STEP_SECONDS]), float(link.counters[STEP_ENVS]))
             taken = self._step_totals.get(index, (0.0, 0.0))
             if taken[0] > total[0]:  # a fresh link: the shard was replaced
                 taken = (0.0, 0.0)
