@@ -63,6 +63,15 @@ def starts_cli(function):
 # -- configs and the CLI ---------------------------------------------------------------------------
 
 
+def leaves(tree: dict, prefix: str = ""):
+    """(dotted key, value) for each value a YAML tree sets; an empty dict or a list is one value."""
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            yield from leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
 def compose_config(overrides=()):
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=list(overrides))

@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from torchbeast_hydra.__main__ import CONFIG_DIR
 
-from helpers import TINY, compose_config, run_cli
+from helpers import TINY, compose_config, leaves, run_cli
 
 CONF = Path(CONFIG_DIR)
 # Hydra's own groups extend Hydra's schemas; presets and ablations (global overrides of a preset)
@@ -23,15 +23,6 @@ OPTION_FILES = sorted(
     if p.relative_to(CONF).parts[0] not in ("hydra", "experiment", "ablation", "pbt", "task")
 )
 PRESETS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
-
-
-def leaves(tree: dict, prefix: str = ""):
-    """(dotted key, value) for each value a YAML tree sets; an empty dict or a list is one value."""
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            yield from leaves(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
 
 
 def lookup(tree: dict, dotted: str):

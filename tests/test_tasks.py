@@ -14,7 +14,7 @@ from torchbeast_hydra.__main__ import CONFIG_DIR
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.overrides import check_overrides
 
-from helpers import compose_config
+from helpers import compose_config, leaves
 
 CONF = Path(CONFIG_DIR)
 TASKS = sorted(p.stem for p in (CONF / "task").glob("*.yaml"))
@@ -26,14 +26,6 @@ def swept_tasks(preset: str) -> list[str]:
 
 
 SUITES = {p.stem: swept_tasks(p.stem) for p in (CONF / "experiment").glob("suite_*.yaml") if swept_tasks(p.stem)}
-
-
-def leaves(tree: dict, prefix: str = ""):
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            yield from leaves(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
 
 
 def task_settings(task: str) -> dict:
