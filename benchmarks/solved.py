@@ -18,9 +18,17 @@ from dataclasses import dataclass
 from typing import Optional
 
 from torchbeast_hydra.analysis import runs
+from torchbeast_hydra.analysis.baselines import load_baselines
 
-# gymnasium's registered reward_threshold of each task (what counts as solved).
-SOLVED = {"CartPole-v1": 475.0, "Acrobot-v1": -100.0}
+
+def solved_levels() -> dict:
+    """{task: its solved level}: baselines.yaml's `solved` references (gymnasium's reward_threshold)."""
+    return {
+        task: float(reference["score"])
+        for task, baseline in load_baselines().items()
+        for reference in baseline.references
+        if reference["name"] == "solved"
+    }
 
 
 def floor(level: float, keep: float) -> float:
@@ -64,11 +72,14 @@ def main(argv: Optional[list] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="+", help="run dirs, sweep dirs or a report's runs/")
     parser.add_argument(
-        "--level", type=parse_level, action="append", help="TASK=X: a task's solved level (default: SOLVED's)"
+        "--level",
+        type=parse_level,
+        action="append",
+        help="TASK=X: a task's solved level (default: baselines.yaml's solved)",
     )
     parser.add_argument("--keep", type=float, default=0.9, help="the floor after solving, as a fraction of the level")
     args = parser.parse_args(argv)
-    levels = dict(args.level) if args.level else SOLVED
+    levels = dict(args.level) if args.level else solved_levels()
     found = verdicts(args.paths, levels, args.keep)
     for v in found:
         scores = " ".join(f"{score:.1f}" for _, score in v.returns)

@@ -25,7 +25,7 @@ def test_a_run_passes_only_if_it_reaches_the_level_and_stays_above_the_floor(sol
     run_with_evaluations(tmp_path / "c3", "CartPole-v1", 3, [300, 474.9])  # never solved
     run_with_evaluations(tmp_path / "a1", "Acrobot-v1", 1, [-500, -99, -111])  # the floor is -111.1
     run_with_evaluations(tmp_path / "a2", "Acrobot-v1", 2, [-500, -100, -112])
-    found = {v.run: v for v in solved.verdicts([tmp_path], solved.SOLVED, 0.9)}
+    found = {v.run: v for v in solved.verdicts([tmp_path], solved.solved_levels(), 0.9)}
     assert {name: v.passed for name, v in found.items()} == dict(c1=True, c2=False, c3=False, a1=True, a2=False)
     assert (found["c2"].solved_at, found["c2"].lowest_after) == (50_000, 317)
     assert found["c3"].solved_at is None and found["a1"].solved_at == 100_000
