@@ -24,8 +24,8 @@ from torchbeast_hydra.analysis import scores
 # A reference's measure (baselines.yaml's `measure`) -> what it is, as the report words it.
 MEASURES = {
     "train_last_100": "the mean of the last 100 training episodes (sampled actions) at the budget, per run",
-    "train_iteration": "the mean of the training episodes (sampled actions) that ended within the last "
-    "iteration before the budget, per run",
+    "train_iteration": "the mean of the training episodes (the training policy's own play: epsilon-greedy "
+    "at 0.01 for Dopamine's agents, sampled for ours) that ended within the last iteration before the budget, per run",
     "bound": "a bound of the task (its maximum, or the level at which it counts as solved)",
     "human": "a human's score",
     "other": "measured otherwise",
