@@ -86,7 +86,8 @@ class NullLearner:
         from torchbeast_hydra.backends.poly import wire
         from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
         from torchbeast_hydra.backends.poly.rollouts import RolloutQueue
-        from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings, make_server
+        from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings
+        from torchbeast_hydra.backends.poly.serving import make_server
         from torchbeast_hydra.backends.poly.shards import ShardedServer, ShardPlan
 
         self.args = args
@@ -151,6 +152,13 @@ class NullLearner:
 
     def shard_pids(self) -> list:
         return [p.pid for p in self.sharded.processes.processes.values()] if self.sharded else []
+
+    def not_server_threads(self) -> list:
+        """This process's threads that are not the server's: central inference, the null learner, the
+        main thread (the benchmark's own); all the rest of the process's CPU (gRPC's own threads, the
+        event loop or handler threads, the watchdog, the shards' receiver) is the server's."""
+        inference = self.sharded.threads[0] if self.sharded else self.inference._thread
+        return [inference, self._thread, threading.main_thread()]
 
     def take_inference_stats(self) -> list:
         return (self.sharded.central if self.sharded else self.inference).take_stats()
@@ -222,10 +230,12 @@ def measure_null(maker, args, clients: int, envs: int, shards: int = 1) -> dict:
         learner.pool.take_step_stats()
         steps0, gather0 = learner.steps, learner.gather_s
         cpu0, own0, started = cpu_seconds(pids), cpu_seconds([os.getpid()]), time.perf_counter()
+        others0, whole0 = thread_seconds(learner.not_server_threads()), time.process_time()
         shards0 = {pid: cpu_seconds([pid]) for pid in shard_pids}
         time.sleep(args.seconds)
         steps, elapsed = learner.steps - steps0, time.perf_counter() - started
         cpu, own = cpu_seconds(pids) - cpu0, cpu_seconds([os.getpid()]) - own0
+        others, whole = thread_seconds(learner.not_server_threads()) - others0, time.process_time() - whole0
         each_shard = [cpu_seconds([pid]) - shards0[pid] for pid in shard_pids]
         gather = learner.gather_s - gather0
         inference = learner.take_inference_stats()
@@ -250,7 +260,15 @@ def measure_null(maker, args, clients: int, envs: int, shards: int = 1) -> dict:
         # central inference's host work (its thread's CPU for each batch), per env-step it answered
         inference_host_us=1e6 * sum(cpu for _, _, cpu in inference) / max(sum(size for size, _, _ in inference), 1),
         server_us=server_us,
+        # Every CPU second the server spends, whatever thread spends it: the learner process's but for
+        # central inference, the learner and the main thread, and the shard processes' (all of them).
+        server_all_us=(whole - others + sum(each_shard)) * per_step,
     )
+
+
+def thread_seconds(threads: list) -> float:
+    """CPU seconds these threads (of this process) have used so far."""
+    return sum(time.clock_gettime(time.pthread_getcpuclockid(thread.ident)) for thread in threads)
 
 
 def measure_cli(maker, args, clients: int, envs: int) -> dict:

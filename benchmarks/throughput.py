@@ -284,7 +284,7 @@ def pipeline_mode(args) -> None:
     print(
         f"{'shards':>6} {'clients':>7} {'envs/client':>11} {'env-steps/s':>12} {'wall us/step':>12} "
         f"{'CPU us/step':>11} {'of it learner process':>21} {'shards':>6} "
-        f"{'server us/step':>14} {'gather us/step':>14} {'inference batch':>15} "
+        f"{'server us/step':>14} {'server all us/step':>18} {'gather us/step':>14} {'inference batch':>15} "
         f"{'inference host us/step':>22} {'one-GIL ceiling':>15}{extra}"
     )
     for _ in range(args.rounds):  # rounds alternate the shard counts: other load on the machine hits each alike
@@ -306,7 +306,8 @@ def _pipeline_line(args, shards: int, clients: int, envs: int, r: dict) -> str:
         f"{shards:>6} {clients:>7} {envs:>11} {r['sps']:>12,.0f} "
         f"{_cell(1e6 / r['sps'] if r['sps'] else None, 12, '.1f')} {r['cpu_us']:>11.1f} "
         f"{r['learner_cpu_us']:>21.1f} {_cell(r.get('shards_cpu_us'), 6, '.1f')} "
-        f"{_cell(r['server_us'], 14, '.1f')} {r['gather_us']:>14.1f} {r['inference_batch']:>15.1f} "
+        f"{_cell(r['server_us'], 14, '.1f')} {_cell(r.get('server_all_us'), 18, '.1f')} "
+        f"{r['gather_us']:>14.1f} {r['inference_batch']:>15.1f} "
         f"{_cell(r.get('inference_host_us'), 22, '.1f')} {_cell(r.get('ceiling'), 15, ',.0f')}"
     )
     if args.learner == "cli":

@@ -36,7 +36,8 @@ from torchbeast_hydra.backends.poly.client import (
     client_main,
 )
 from torchbeast_hydra.backends.poly.rollouts import RolloutQueue
-from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings, finite_rows, make_server
+from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings, finite_rows
+from torchbeast_hydra.backends.poly.serving import make_server
 from torchbeast_hydra.backends.poly.settings import LocalTransport, PolyRole, split_address
 from torchbeast_hydra.backends.poly.shards import LocalClients, ShardedServer, ShardPlan, auto_shards
 from torchbeast_hydra.env.engines import envs_maker

@@ -1,4 +1,4 @@
-"""Dynamic batching: requests from many threads are evaluated together in one call.
+"""Dynamic batching: requests from many threads, or coroutines, are evaluated together in one call.
 
 A request is a dict of tensors sharing a leading batch dimension (a client's envs). The worker
 takes the first waiting request, then gathers more until the batch would exceed max_batch_size,
@@ -6,12 +6,16 @@ timeout_s has passed since it took the first, or every producer (producers(), wh
 request in it: there is no one left to wait for. A request is never split, so one larger than
 max_batch_size runs alone.
 
+Coroutines on an event loop (the gRPC server's, serving.py) submit with infer() and await the
+answer: the worker answers all of a batch's callers on one loop with one wake-up of that loop.
+
 An exception from the evaluated function is answered to every caller of that batch and handed to
 on_error: the owner decides whether the batcher's failure ends its work (poly's inference: it does).
 """
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -64,13 +68,23 @@ class DynamicBatcher:
 
     def submit(self, inputs: Tensors) -> Future:
         future = Future()
+        self._put(inputs, future)
+        return future
+
+    def infer(self, inputs: Tensors) -> asyncio.Future:
+        """Submits from a coroutine on a running event loop; await the answer."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._put(inputs, _OnLoop(loop, future))
+        return future
+
+    def _put(self, inputs: Tensors, waiter) -> None:
         size = _size(inputs)
         with self._closing:
             if self._closed.is_set():
-                future.set_exception(BatcherClosed("the batcher is closed"))
+                _answer([waiter], [BatcherClosed("the batcher is closed")])
             else:
-                self._requests.put((inputs, size, future))
-        return future
+                self._requests.put((inputs, size, waiter))
 
     def __call__(self, inputs: Tensors) -> Tensors:
         """Submits and waits for the answer."""
@@ -88,8 +102,8 @@ class DynamicBatcher:
         with self._closing:
             self._closed.set()
         self._thread.join()
-        for _, _, future in self._drain():
-            future.set_exception(BatcherClosed("the batcher is closed"))
+        waiters = [waiter for _, _, waiter in self._drain()]
+        _answer(waiters, [BatcherClosed("the batcher is closed")] * len(waiters))
 
     def _drain(self) -> list:
         pending = [self._carry] if self._carry else []
@@ -140,14 +154,13 @@ class DynamicBatcher:
                 outputs = self.fn(self._assemble([request for request, _, _ in batch]))
                 parts = {key: value.split(sizes) for key, value in outputs.items()}
             except Exception as error:  # answer every caller, then tell the owner
-                for _, _, future in batch:
-                    future.set_exception(error)
+                _answer([waiter for _, _, waiter in batch], [error] * len(batch))
                 if self.on_error is not None:
                     self.on_error(error)
                 continue
             seconds = time.perf_counter() - started
-            for i, (_, _, future) in enumerate(batch):
-                future.set_result({key: value[i] for key, value in parts.items()})
+            answers = [{key: value[i] for key, value in parts.items()} for i in range(len(batch))]
+            _answer([waiter for _, _, waiter in batch], answers)
             with self._stats_lock:
                 self._stats.append((sum(sizes), seconds, time.thread_time() - cpu_started))
 
@@ -158,6 +171,45 @@ class DynamicBatcher:
         if len(requests) == 1 and not self.pin:
             return requests[0]
         return {key: _concat([request[key] for request in requests], self.pin) for key in requests[0]}
+
+
+class _OnLoop:
+    """A coroutine's wait for its answer: a future of its event loop (set only on that loop's thread)."""
+
+    __slots__ = ("loop", "future")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future):
+        self.loop, self.future = loop, future
+
+
+def _answer(waiters: list, results: list) -> None:
+    """Each waiter its result (an exception is raised to it); the waiters on an event loop get
+    theirs in one call on that loop: one wake-up of it a batch, not one a caller."""
+    on_loops = {}
+    for waiter, result in zip(waiters, results):
+        if isinstance(waiter, _OnLoop):
+            on_loops.setdefault(waiter.loop, []).append((waiter.future, result))
+        else:
+            _settle(waiter, result)
+    for loop, answers in on_loops.items():
+        try:
+            loop.call_soon_threadsafe(_settle_all, answers)
+        except RuntimeError:  # the loop is closed: nobody there waits any more
+            pass
+
+
+def _settle_all(answers: list) -> None:
+    for future, result in answers:
+        _settle(future, result)
+
+
+def _settle(future, result) -> None:
+    if future.done():  # an awaiting coroutine was cancelled (its stream went away)
+        return
+    if isinstance(result, BaseException):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
 
 
 def _concat(tensors: list, pin: bool) -> torch.Tensor:

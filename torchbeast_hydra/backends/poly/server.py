@@ -1,8 +1,9 @@
 """The ActorPool gRPC service: env clients stream their envs' outputs and receive actions.
 
-Each client stream is one session: the server checks the client's token and env, then for
-every Step evaluates the policy for its envs in the shared dynamic batch (batcher.py), writes
-the rows of its unrolls (rollouts.py) and answers with actions. LSTM state per env lives here.
+Each client stream is one session, a coroutine on the process's serving loop (serving.py, grpc.aio):
+the server checks the client's token and env, then for every Step evaluates the policy for its envs
+in the shared dynamic batch (batcher.py), writes the rows of its unrolls (rollouts.py) and answers
+with actions. LSTM state per env lives here.
 A malformed message ends that client's stream with INVALID_ARGUMENT, as does a step that central
 inference answers with non-finite outputs for some of the client's envs (the run stops only when
 the model itself is broken: backend.py's CentralInference); the server and the other clients
@@ -17,13 +18,13 @@ of a stream (local.py).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import itertools
 import logging
 import threading
 import time
 import warnings
-from concurrent import futures
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -31,9 +32,10 @@ import grpc
 import numpy as np
 import torch
 
-from torchbeast_hydra.backends.poly import wire
+from torchbeast_hydra.backends.poly import serving, wire
 from torchbeast_hydra.backends.poly.batcher import BatcherClosed, DynamicBatcher
 from torchbeast_hydra.backends.poly.rollouts import Emit, RolloutBuilder
+from torchbeast_hydra.backends.poly.serving import make_server  # noqa: F401 (where callers look for it)
 from torchbeast_hydra.env.layout import FLOAT32_LIMIT, rollout_specs
 from torchbeast_hydra.env.spaces import EnvSpec
 from torchbeast_hydra.run.seeding import actor_seed
@@ -46,8 +48,6 @@ POLICY_INPUTS = ("reward", "done", "last_action")  # and the observation's keys 
 warnings.filterwarnings(
     "ignore", message="The given NumPy array is not writable", category=UserWarning, module=__name__
 )
-# Streams beyond max_clients that gRPC still hands to us, so we can refuse them with a reason.
-REFUSAL_HEADROOM = 8
 
 
 class InferenceFailed(RuntimeError):
@@ -140,46 +140,43 @@ class ActorPool:
         self.dropped = 0  # streams ended for silence
         self._streams = set()  # every open stream, hello or not: they hold the slots
         self._full_warned = False
-        self._step_seconds = 0.0  # in our hands per step (decode, assembly, encode), not in inference
+        self._step_seconds = 0.0  # local clients' threads' CPU in their steps (decode, assembly), not inference's
         self._step_envs = 0
-        self._watchdog = threading.Thread(target=self._drop_idle_streams, name="actorpool-watchdog", daemon=True)
-        self._watchdog.start()
+        self._loop_cpu = serving.loop_cpu_seconds()  # the serving loop's CPU: all of it serves the streams
 
     def handler(self) -> grpc.GenericRpcHandler:
         # Requests arrive as bytes and are parsed here, so garbage gets our status and message.
+        # connect is a coroutine: grpc.aio's server (serving.py) runs it on the serving loop.
         method = grpc.stream_stream_rpc_method_handler(
             self.connect, request_deserializer=None, response_serializer=wire.ServerMessage.SerializeToString
         )
         return grpc.method_handlers_generic_handler(wire.SERVICE, {"Connect": method})
 
-    def connect(self, requests, context):
+    async def connect(self, _requests, context) -> None:
+        """One client's stream, a coroutine on the serving loop (serving.py); it reads the client's
+        messages with context.read() (the request iterator goes unused)."""
         peer = context.peer()
         session = None
-        stream = Stream(context)
+        stream = Stream(context, asyncio.current_task())
         try:
             self._authenticate(context)
             self._open(stream)
-            hello = self._hello(stream.receive(requests))
+            hello = self._hello(await stream.receive())
             client_id, seed = self.new_client()
             session = self.open_session(hello.num_envs)
             log.info("Client %d connected from %s with %d envs.", client_id, peer, hello.num_envs)
-            stream.replying()
-            yield wire.ServerMessage(welcome=wire.Welcome(client_id=client_id, seed=seed))
-            while (raw := stream.receive(requests)) is not None:
+            await stream.send(wire.ServerMessage(welcome=wire.Welcome(client_id=client_id, seed=seed)))
+            while (raw := await stream.receive()) is not None:
                 if self.stopping.is_set():
                     break
-                # This thread's CPU time: what decoding, checks, assembly and encoding cost in
-                # core-seconds, leaving out the wait for inference and for the GIL.
-                started = time.thread_time()
                 try:
-                    actions = session.step(self._step(raw, hello.num_envs))
+                    actions = await session.step_async(self._step(raw, hello.num_envs))
                 except (BatcherClosed, InferenceFailed):
                     break
                 message = wire.ServerMessage()
                 wire.encode_array(actions, message.actions)
-                self.count_step(time.thread_time() - started, hello.num_envs)
-                stream.replying()
-                yield message
+                self.count_step(0.0, hello.num_envs)  # its CPU: the serving loop's (take_step_totals)
+                await stream.send(message)
             else:
                 return  # the client closed its stream
             if not self.finished:
@@ -187,13 +184,15 @@ class ActorPool:
                     grpc.StatusCode.UNAVAILABLE,
                     "the learner stopped before the end of training; reconnect to it when it is restarted",
                 )
-            yield wire.ServerMessage(finished=wire.Finished(reason=self.finished_reason))
+            await stream.send(wire.ServerMessage(finished=wire.Finished(reason=self.finished_reason)))
         except Refused as refused:
             if refused.code not in WAIT_AND_RETRY:
                 self.refuse(session, peer, refused.details)
-            context.abort(refused.code, refused.details)
-        except grpc.RpcError:  # the stream was cancelled: by the client, or by us for silence
-            pass
+            await context.abort(refused.code, refused.details)
+        except asyncio.CancelledError:  # the client went away, or we dropped it for silence
+            if not stream.dropped:
+                raise
+            await context.abort(grpc.StatusCode.CANCELLED, "no message for too long (backend.client_idle_timeout_s)")
         finally:
             self._close(stream)
             if stream.dropped:
@@ -247,9 +246,10 @@ class ActorPool:
 
     def take_step_totals(self) -> tuple[float, int]:
         """(CPU seconds, env steps) of server work since the last call (a shard sums them: shards.py)."""
+        loop_cpu = serving.loop_cpu_seconds()
         with self._lock:
-            totals = self._step_seconds, self._step_envs
-            self._step_seconds, self._step_envs = 0.0, 0
+            totals = self._step_seconds + loop_cpu - self._loop_cpu, self._step_envs
+            self._step_seconds, self._step_envs, self._loop_cpu = 0.0, 0, loop_cpu
         return totals
 
     def _open(self, stream: "Stream") -> None:
@@ -272,16 +272,27 @@ class ActorPool:
         with self._lock:
             self._streams.discard(stream)
 
-    def _drop_idle_streams(self) -> None:
-        """Cancels streams that have kept the server waiting too long; their handlers then end."""
-        interval = min(1.0, self.settings.client_idle_timeout_s / 4)
-        while not self.stopping.wait(interval):
+    async def drop_idle_streams(self) -> None:
+        """Cancels streams that have kept the server waiting too long; their coroutines then end.
+        Runs on the serving loop (the server starts it). A stream is dropped only when found idle at
+        two looks in a row: a message that came while the loop was held up (a loaded machine, the
+        learner's queue full) is read between them, and that is no client's silence."""
+        timeout = self.settings.client_idle_timeout_s
+        interval = min(1.0, timeout / 4)
+        last = resumed = time.monotonic()
+        suspects = set()
+        while not self.stopping.is_set():
+            await asyncio.sleep(interval)
             now = time.monotonic()
+            if now - last > 2 * interval:  # the loop itself was held up: the time it lost is no one's silence
+                resumed = now - interval
+            last = now
             with self._lock:
-                idle = [s for s in self._streams if now - s.waiting_since > self.settings.client_idle_timeout_s]
-            for stream in idle:
-                with self._lock:
-                    self.dropped += 1
+                idle = {s for s in self._streams if not s.dropped and now - max(s.waiting_since, resumed) > timeout}
+                dropping = idle & suspects
+                self.dropped += len(dropping)
+            suspects = idle - dropping
+            for stream in dropping:
                 stream.drop()
 
     def stop(self, finished: bool, reason: str = "training finished") -> None:
@@ -344,46 +355,28 @@ def _describe(leaves: list) -> str:
 class Stream:
     """One client stream, and since when the server has been waiting for its next message."""
 
-    def __init__(self, context):
-        self.context = context
+    def __init__(self, context, task: asyncio.Task):
+        self.context, self.task = context, task
         self.waiting_since = time.monotonic()  # the hello is awaited from the start
         self.dropped = False
 
-    def receive(self, requests) -> bytes | None:
+    async def receive(self) -> bytes | None:
         """The next message, or None when the client closed the stream."""
         try:
-            return next(requests, None)
+            raw = await self.context.read()
         finally:
             self.waiting_since = float("inf")  # busy on our side: not the client's silence
+        return None if raw is grpc.aio.EOF else raw
 
-    def replying(self) -> None:
+    async def send(self, message) -> None:
         """From here to its next message the stream waits on the client: to take our reply (gRPC's
-        send blocks while a client that stops reading has its window full), then to answer it."""
+        send waits while a client that stops reading has its window full), then to answer it."""
         self.waiting_since = time.monotonic()
+        await self.context.write(message)
 
     def drop(self) -> None:
         self.dropped = True
-        self.context.cancel()
-
-
-def make_server(
-    pool: ActorPool, address: str, max_message_bytes: int, reuse_port: bool = False
-) -> tuple[grpc.Server, int]:
-    """A gRPC server for the pool on address (HOST:PORT, port 0 for any); returns it unstarted, and its port.
-    reuse_port: other processes may listen on the same port (server shards: shards.py).
-
-    gRPC itself turns away streams beyond pool.settings.max_clients + REFUSAL_HEADROOM with a terse
-    RESOURCE_EXHAUSTED; up to there the pool refuses them with a message that names the setting.
-    """
-    limit = pool.settings.max_clients + REFUSAL_HEADROOM
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=limit + 2, thread_name_prefix="actorpool"),
-        handlers=[pool.handler()],
-        options=wire.channel_options(max_message_bytes) + ([("grpc.so_reuseport", 1)] if reuse_port else []),
-        maximum_concurrent_rpcs=limit,
-    )
-    port = server.add_insecure_port(address)
-    return server, port
+        self.task.cancel()
 
 
 class Session:
@@ -406,9 +399,9 @@ class Session:
         self.newer_weights = pool.newer_weights
 
     def step(self, env_outputs: dict) -> np.ndarray:
-        inputs = {key: torch.from_numpy(env_outputs[key]) for key in self.policy_inputs}
-        inputs.update({f"core_state_{i}": s for i, s in enumerate(self.core_state)})
-        arrays = self._infer(inputs)
+        """Acts for the envs' outputs (from a thread: local.py's clients); returns their actions."""
+        inputs = self._inputs(env_outputs)
+        arrays = self._answered(_inference(self.inference, inputs))
         # Only now, answered with finite outputs, does the step enter the unrolls (and maybe end one).
         ends = (self.builder.cursor + 1 == self.builder.unroll_length).any()
         self.builder.add(env_outputs, self.core_state)
@@ -416,23 +409,34 @@ class Session:
             # backend.synchronous: the finished unrolls are with the learner; the next one's first
             # action is chosen again, by weights newer than those that chose this one.
             self.newer_weights(int(arrays["policy_version"].max()))
-            arrays = self._infer(inputs)
-        self.core_state = tuple(torch.from_numpy(arrays[f"core_state_{i}"]) for i in range(len(self.core_state)))
-        self.builder.set_agent_outputs(arrays)
-        return arrays["action"]
+            arrays = self._answered(_inference(self.inference, inputs))
+        return self._acted(arrays)
 
-    def _infer(self, inputs: dict) -> dict:
-        """The policy's outputs for these inputs (numpy arrays); a client whose envs get non-finite
-        ones is refused."""
-        try:
-            outputs = self.inference(inputs)
-        except BatcherClosed:
-            raise
-        except Exception as error:
-            raise InferenceFailed(f"central inference failed: {type(error).__name__}: {error}") from error
+    async def step_async(self, env_outputs: dict) -> np.ndarray:
+        """step, from a coroutine on the serving loop: it awaits inference rather than waits for it."""
+        if self.newer_weights is not None:  # backend.synchronous waits on the learner: off the loop
+            return await asyncio.get_running_loop().run_in_executor(None, self.step, env_outputs)
+        inputs = self._inputs(env_outputs)
+        arrays = self._answered(await _inference_async(self.inference, inputs))
+        self.builder.add(env_outputs, self.core_state)
+        return self._acted(arrays)
+
+    def _inputs(self, env_outputs: dict) -> dict:
+        inputs = {key: torch.from_numpy(env_outputs[key]) for key in self.policy_inputs}
+        inputs.update({f"core_state_{i}": s for i, s in enumerate(self.core_state)})
+        return inputs
+
+    def _answered(self, outputs: dict) -> dict:
+        """The policy's outputs as numpy arrays; a client whose envs get non-finite ones is refused."""
         arrays = {key: value.numpy() for key, value in outputs.items()}
         self._refuse_non_finite(arrays)
         return arrays
+
+    def _acted(self, arrays: dict) -> np.ndarray:
+        """Keeps the policy's outputs for the envs' next row, and their core state; their actions."""
+        self.core_state = tuple(torch.from_numpy(arrays[f"core_state_{i}"]) for i in range(len(self.core_state)))
+        self.builder.set_agent_outputs(arrays)
+        return arrays["action"]
 
     def _refuse_non_finite(self, outputs: dict) -> None:
         finite = finite_rows(outputs)
@@ -448,6 +452,28 @@ class Session:
     def close(self) -> int:
         """Hands on the unfinished unrolls, or discards them; returns how many there were."""
         return self.builder.discard() if self.discarded else self.builder.flush()
+
+
+def _inference(inference: DynamicBatcher, inputs: dict) -> dict:
+    try:
+        return inference(inputs)
+    except BatcherClosed:
+        raise
+    except Exception as error:
+        raise _failed(error) from error
+
+
+async def _inference_async(inference: DynamicBatcher, inputs: dict) -> dict:
+    try:
+        return await inference.infer(inputs)
+    except BatcherClosed:
+        raise
+    except Exception as error:
+        raise _failed(error) from error
+
+
+def _failed(error: Exception) -> InferenceFailed:
+    return InferenceFailed(f"central inference failed: {type(error).__name__}: {error}")
 
 
 def finite_rows(outputs: dict) -> np.ndarray:

@@ -183,7 +183,8 @@ def shard_main(index: int, ids: tuple, plan: ShardPlan, link: dict, address: str
     ids: (first, step) of the client ids it gives: every shard, and every shard's replacement, its own."""
     from torchbeast_hydra.backends.poly import local
     from torchbeast_hydra.backends.poly.client import FINISHED, REFUSED, SERVER_FAILED, UNREACHABLE
-    from torchbeast_hydra.backends.poly.server import ActorPool, make_server
+    from torchbeast_hydra.backends.poly.server import ActorPool
+    from torchbeast_hydra.backends.poly.serving import make_server
     from torchbeast_hydra.run.supervision import ActorProcesses
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner stops us
