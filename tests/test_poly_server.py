@@ -399,3 +399,52 @@ def test_finite_rows_names_each_env_with_a_non_finite_float_output():
     outputs["policy_logits"][1, 2] = np.nan
     outputs["baseline"][3] = -np.inf
     assert finite_rows(outputs).tolist() == [True, False, True, False]
+
+
+# -- one event loop serves every stream: none waits on another ------------------------------------
+
+
+def test_every_stream_is_served_on_the_processs_one_serving_loop(served, monkeypatch):
+    from torchbeast_hydra.backends.poly import serving
+    from torchbeast_hydra.backends.poly.server import Session
+
+    _, port, _ = served
+    threads = set()
+    step_async = Session.step_async
+
+    async def recording(self, env_outputs):
+        threads.add(threading.get_ident())
+        return await step_async(self, env_outputs)
+
+    monkeypatch.setattr(Session, "step_async", recording)
+    clients = [RawClient(port), RawClient(port)]
+    for client in clients:
+        assert client.send(hello()) == "welcome"
+    for _ in range(3):
+        for client in clients:
+            assert client.send(step()) == "actions"
+    for client in clients:
+        client.close()
+    assert threads == {serving.loop_thread().ident}
+
+
+def test_a_client_that_stops_reading_holds_up_no_other(served_patiently):
+    pool, port, _ = served_patiently
+    # Its replies fill its small receive window, so the server's write to it waits: on the serving
+    # loop that wait must be the stream's own, while the other streams' steps are answered.
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.http2.bdp_probe", 0)])
+    connect = channel.stream_stream(wire.CONNECT, request_serializer=None, response_deserializer=None)
+    requests = itertools.chain([hello(num_envs=4)], itertools.repeat(step(num_envs=4)))
+    stalled = connect(requests, metadata=((wire.TOKEN_METADATA_KEY, POOL_TOKEN),))
+    deadline = time.monotonic() + 60
+    while not any(time.monotonic() - s.waiting_since > 0.3 for s in list(pool._streams)):  # its write waits
+        assert time.monotonic() < deadline and not pool.dropped
+        time.sleep(0.02)
+    reader = RawClient(port)
+    assert reader.send(hello()) == "welcome"
+    for _ in range(5):
+        assert reader.send(step()) == "actions"
+    assert pool.dropped == 0  # answered while the stalled stream still waited (3 s before it is dropped)
+    reader.close()
+    stalled.cancel()
+    channel.close()

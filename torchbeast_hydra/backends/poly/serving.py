@@ -37,6 +37,11 @@ def event_loop() -> asyncio.AbstractEventLoop:
     return _loop[0]
 
 
+def loop_thread() -> threading.Thread:
+    event_loop()
+    return _loop[1]
+
+
 def loop_cpu_seconds() -> float:
     """CPU seconds the serving loop's thread has used (0 before it starts): all of it is the server's."""
     if _loop is None:
