@@ -28,6 +28,7 @@ from torchbeast_hydra.env.native import AtariVectorEnvs, GymnasiumEnvs
 from torchbeast_hydra.env.settings import AtariEnvConfig, Engine, EnvConfig
 from torchbeast_hydra.env.vector import Environments
 from torchbeast_hydra.errors import ConfigError
+from torchbeast_hydra.run.seeding import EVAL_SEED_BASE, actor_seed, eval_seed, rank_seed
 
 from helpers import SMALL, rows, run_cli
 
@@ -249,6 +250,24 @@ def test_nonfinite_box_actions_are_refused():
             envs.step(np.array([[0.0, np.nan, 0.0], [0.0, 0.0, 0.0]], np.float32))
     finally:
         envs.close()
+
+
+@needs_envpool
+@pytest.mark.parametrize("cfg", [EnvConfig(id="Hopper-v4"), AtariEnvConfig(id="ALE/Breakout-v5")])
+def test_evaluation_and_far_actor_seeds_start_envpool_pools(cfg):
+    """Evaluation's seeds (2**62 + the run's) and actors' of ranks past the first lie past EnvPool's int32."""
+    starts = []
+    for seed in (eval_seed(1), eval_seed(1), eval_seed(2), actor_seed(rank_seed(1, 1), 0, 2)):
+        envs = engines.evaluation_envs(cfg, 1, seed) if seed >= EVAL_SEED_BASE else pool.EnvPoolEnvs(cfg)(2, seed)
+        assert isinstance(envs, pool.EnvPoolEnvironments)
+        try:
+            starts.append(envs.initial()["frame"][0].copy())
+        finally:
+            envs.close()
+    assert np.array_equal(starts[0], starts[1])  # a run's evaluations play the same starts
+    if cfg.id == "Hopper-v4":  # its starts are drawn from the seed (Atari's may all be the same)
+        assert not np.array_equal(starts[0], starts[2])  # another run's seed, other starts
+    assert pool.pool_seed(5, 2) == 5  # a seed that fits is EnvPool's as it is
 
 
 @needs_envpool
