@@ -182,6 +182,9 @@ class EnvPoolEnvironments:
         self.episodic_life = self.atari and settings.episodic_life
         self.fire_on_reset = self.atari and settings.fire_reset and _has_fire(cfg)
         self.fire_after_life_loss = self.episodic_life and self.fire_on_reset
+        # Environments.time_limit: the id's own cap in agent steps (MuJoCo's 1,000; None for ALE's
+        # frame cap), which evaluations report as their protocol's episode cap.
+        self.time_limit = find_spec(cfg.id, cfg.imports).max_episode_steps
         self._make = lambda: _make(cfg, num_envs, seed, num_threads)
         self.env = self._make()
         self._fresh = True  # no game played since the pool was made from the seed
