@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from torchbeast_hydra.analysis import runs
 from torchbeast_hydra.logs.metrics import read_rows
 from torchbeast_hydra.pbt import population
 
@@ -103,9 +104,12 @@ def played(test_dir: Path) -> float | None:
 
 
 def thin(sweep_dir: Path, test_dir: Path) -> None:
-    """Logs only: the checkpoints (the members' and the published ones), submitit's pickles, links."""
+    """Logs only: the checkpoints (the members' and the published ones), submitit's pickles, links,
+    and of each member's logs.csv the columns the report and this summary read (runs.REPORT_COLUMNS)."""
     for path in sweep_dir.rglob("checkpoint*.pt"):
         path.unlink()
+    for logs in sweep_dir.glob("pbt.member=*/logs.csv"):
+        runs.write_report_columns(logs, logs)
     shutil.rmtree(sweep_dir / ".submitit", ignore_errors=True)
     for path in [*test_dir.iterdir(), *sweep_dir.rglob("*")]:
         if path.is_symlink():
@@ -177,7 +181,8 @@ def main() -> None:
             for arm in ARMS:
                 test_dir = out / "test" / arm / f"seed{seed}"
                 if played(test_dir) is not None:
-                    continue  # done: a later run of the script skips it
+                    thin(out / arm / f"seed{seed}", test_dir)  # done (thinned again: a no-op once thin)
+                    continue  # a later run of the script skips it
                 started = time.monotonic()
                 sweep_dir = out / arm / f"seed{seed}"
                 run(train_command(out, seed, arm, args))

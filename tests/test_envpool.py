@@ -21,13 +21,18 @@ a bug), so observations are compared closely over the first steps, and ends wher
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
+from torchbeast_hydra.agent.settings import MLPConfig
 from torchbeast_hydra.env import engines, pool
 from torchbeast_hydra.env.actions import ActionError, box_bounds
 from torchbeast_hydra.env.native import AtariVectorEnvs, GymnasiumEnvs
 from torchbeast_hydra.env.settings import AtariEnvConfig, Engine, EnvConfig
 from torchbeast_hydra.env.vector import Environments
 from torchbeast_hydra.errors import ConfigError
+from torchbeast_hydra.evaluation.evaluate import Rules
+from torchbeast_hydra.evaluation.periodic import Player
+from torchbeast_hydra.run.seeding import EVAL_SEED_BASE, actor_seed, eval_seed, rank_seed
 
 from helpers import SMALL, rows, run_cli
 
@@ -249,6 +254,44 @@ def test_nonfinite_box_actions_are_refused():
             envs.step(np.array([[0.0, np.nan, 0.0], [0.0, 0.0, 0.0]], np.float32))
     finally:
         envs.close()
+
+
+@needs_envpool
+@pytest.mark.parametrize("cfg", [EnvConfig(id="Hopper-v4"), AtariEnvConfig(id="ALE/Breakout-v5")])
+def test_evaluation_and_far_actor_seeds_start_envpool_pools(cfg):
+    """Evaluation's seeds (2**62 + the run's) and actors' of ranks past the first lie past EnvPool's int32."""
+    starts = []
+    for seed in (eval_seed(1), eval_seed(1), eval_seed(2), actor_seed(rank_seed(1, 1), 0, 2)):
+        envs = engines.evaluation_envs(cfg, 1, seed) if seed >= EVAL_SEED_BASE else pool.EnvPoolEnvs(cfg)(2, seed)
+        assert isinstance(envs, pool.EnvPoolEnvironments)
+        try:
+            starts.append(envs.initial()["frame"][0].copy())
+        finally:
+            envs.close()
+    assert np.array_equal(starts[0], starts[1])  # a run's evaluations play the same starts
+    if cfg.id == "Hopper-v4":  # its starts are drawn from the seed (Atari's may all be the same)
+        assert not np.array_equal(starts[0], starts[2])  # another run's seed, other starts
+    assert pool.pool_seed(5, 2) == 5  # a seed that fits is EnvPool's as it is
+
+
+@needs_envpool
+def test_a_periodic_evaluation_plays_on_envpool_with_gymnasiums_protocol():
+    cfg = EnvConfig(id="Hopper-v4")
+    model_cfg = OmegaConf.structured(MLPConfig())
+    rules = Rules(episodes=2, max_episode_steps=27_000, greedy=True)
+    results = []
+    for engine in (Engine.auto, Engine.gymnasium):  # auto: EnvPool for Hopper
+        cfg.engine = engine
+        player = Player(model_cfg, cfg, eval_seed(1))
+        try:
+            results.append(player.play(player.model.state_dict(), rules))
+        finally:
+            player.close()
+    pooled, gym = results
+    assert isinstance(pooled["mean_return"], float) and pooled["episodes"] == 2
+    protocol_keys = ("greedy", "epsilon", "sticky_action_prob", "max_episode_steps", "episodic_life", "noop_max")
+    assert {k: pooled[k] for k in protocol_keys} == {k: gym[k] for k in protocol_keys}
+    assert pooled["max_episode_steps"] == 1000  # Hopper's own cap, not the rule's 27,000
 
 
 @needs_envpool

@@ -369,6 +369,16 @@ def test_a_report_keeps_its_runs_and_is_drawn_again_from_them_alone(sweep, tmp_p
     assert best == pytest.approx((21.0 - 3.05) / 2)  # seed 1's test-mode evaluation came along
 
 
+def test_a_runs_logs_thin_in_place_to_the_report_columns_and_stop_at_a_torn_row(tmp_path):
+    logs = tmp_path / "logs.csv"
+    logs.write_text("step,time_s,episode_returns,total_loss\n10,1.0,[1.0],0.5\n20,2.0,[],0.4\n30,3.0\n")
+    runs.write_report_columns(logs, logs)
+    with open(logs, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == list(runs.REPORT_COLUMNS)
+    assert [(r["step"], r["episode_returns"]) for r in rows] == [("10", "[1.0]"), ("20", "[]")]
+
+
 def test_the_peers_measure_is_the_last_100_training_episodes_by_the_budget():
     # Updates at 1,000 steps each; episode returns as they ended.
     train = pd.DataFrame(

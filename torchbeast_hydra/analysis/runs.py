@@ -17,6 +17,7 @@ What was swept is read from the runs themselves: the config keys (and config gro
 from __future__ import annotations
 
 import csv
+import itertools
 import os
 import re
 import shutil
@@ -104,18 +105,25 @@ def copy_run(run_dir: str | Path, dest: str | Path, tests: Iterable[str | Path] 
         if (run_dir / name).exists():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(run_dir / name, dest / name)
-    with open(run_dir / "logs.csv", newline="") as f, open(dest / "logs.csv", "w", newline="") as out:
-        rows = csv.DictReader(f)
-        writer = csv.DictWriter(out, [c for c in REPORT_COLUMNS if c in rows.fieldnames], extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            if None in row.values() or None in row:
-                break  # a torn last row: the run is still writing it
-            writer.writerow(row)
+    write_report_columns(run_dir / "logs.csv", dest / "logs.csv")
     for i, test_dir in enumerate(tests):  # no link back to the copy: a cycle that site builders follow
         kept = dest / KEPT_TESTS / str(i)
         kept.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(Path(test_dir) / "eval.csv", kept / "eval.csv")
+
+
+def write_report_columns(logs: Path, dest: Path) -> None:
+    """logs.csv's REPORT_COLUMNS (complete rows) to dest, which may be logs itself: a kept run's
+    logs at a fraction of their size."""
+    with open(logs, newline="") as f:
+        rows = csv.DictReader(f)
+        columns = [c for c in REPORT_COLUMNS if c in (rows.fieldnames or ())]
+        # A torn last row (the run still writing it) ends the copy.
+        kept = list(itertools.takewhile(lambda row: None not in row.values() and None not in row, rows))
+    with open(dest, "w", newline="") as out:
+        writer = csv.DictWriter(out, columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(kept)
 
 
 KEPT_RUNS = "runs"  # under a report's dir, with --keep-runs: the copies it was drawn from

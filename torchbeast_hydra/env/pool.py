@@ -114,10 +114,20 @@ def _default_config(task: str) -> dict:
     return envpool.make_spec(task).config._asdict()
 
 
+def pool_seed(seed: int, num_envs: int) -> int:
+    """EnvPool's seed for a pool of ours: EnvPool takes an int32 and plays env i from seed + i. Ours
+    may be larger (evaluation's, seeding.eval_seed, from 2**62; actors of large run seeds or of ranks
+    past the first): those are hashed into the int32 range, distinct seeds staying distinct but for a
+    ~1e-9 chance; seeds that fit are kept as they are."""
+    if 0 <= seed and seed + num_envs <= 2**31:
+        return seed
+    return int(np.random.SeedSequence(seed).generate_state(1, np.uint32)[0]) % (2**31 - num_envs)
+
+
 def _make(cfg: EnvConfig, num_envs: int, seed: int, num_threads: int):
     import envpool
 
-    kwargs = dict(num_envs=num_envs, batch_size=num_envs, num_threads=num_threads, seed=seed)
+    kwargs = dict(num_envs=num_envs, batch_size=num_envs, num_threads=num_threads, seed=pool_seed(seed, num_envs))
     cap = _frame_cap(cfg)
     if _is_mujoco(cfg):
         kwargs.update(cfg.make_kwargs, max_episode_steps=cap or NO_LIMIT)
@@ -172,6 +182,9 @@ class EnvPoolEnvironments:
         self.episodic_life = self.atari and settings.episodic_life
         self.fire_on_reset = self.atari and settings.fire_reset and _has_fire(cfg)
         self.fire_after_life_loss = self.episodic_life and self.fire_on_reset
+        # Environments.time_limit: the id's own cap in agent steps (MuJoCo's 1,000; None for ALE's
+        # frame cap), which evaluations report as their protocol's episode cap.
+        self.time_limit = find_spec(cfg.id, cfg.imports).max_episode_steps
         self._make = lambda: _make(cfg, num_envs, seed, num_threads)
         self.env = self._make()
         self._fresh = True  # no game played since the pool was made from the seed
