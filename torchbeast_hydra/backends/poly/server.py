@@ -25,6 +25,7 @@ import logging
 import threading
 import time
 import warnings
+from concurrent import futures
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -130,6 +131,14 @@ class ActorPool:
         self.initial_state = initial_state
         self.emit = emit
         self.newer_weights = newer_weights
+        # backend.synchronous: a stream's steps wait on the learner, so they run off the serving loop,
+        # on a thread each stream can have at once (a shared pool smaller than that could hold up the
+        # very steps whose unrolls the learner waits for).
+        self.waiting_steps = (
+            futures.ThreadPoolExecutor(settings.max_clients + serving.REFUSAL_HEADROOM, "actorpool-synchronous")
+            if newer_weights is not None
+            else None
+        )
         self.stopping = threading.Event()
         self.finished = False  # on stopping: clients exit (True) or reconnect to a restarted learner
         self.finished_reason = "training finished"  # what exiting clients are told
@@ -397,6 +406,7 @@ class Session:
         )
         self.discarded = False  # set when the client is refused: close() then hands nothing on
         self.newer_weights = pool.newer_weights
+        self.waiting_steps = pool.waiting_steps
 
     def step(self, env_outputs: dict) -> np.ndarray:
         """Acts for the envs' outputs (from a thread: local.py's clients); returns their actions."""
@@ -415,7 +425,7 @@ class Session:
     async def step_async(self, env_outputs: dict) -> np.ndarray:
         """step, from a coroutine on the serving loop: it awaits inference rather than waits for it."""
         if self.newer_weights is not None:  # backend.synchronous waits on the learner: off the loop
-            return await asyncio.get_running_loop().run_in_executor(None, self.step, env_outputs)
+            return await asyncio.get_running_loop().run_in_executor(self.waiting_steps, self.step, env_outputs)
         inputs = self._inputs(env_outputs)
         arrays = self._answered(await _inference_async(self.inference, inputs))
         self.builder.add(env_outputs, self.core_state)
