@@ -325,10 +325,11 @@ POOL_TOKEN = "server-token"
 
 
 @contextlib.contextmanager
-def serve_pool(spec, settings, policy, emit=None, on_error=None):
+def serve_pool(spec, settings, policy, emit=None, on_error=None, **pool_options):
     """An ActorPool for spec serving on a free loopback port, policy its inference; yields (pool, port).
 
     emit: takes each finished rollout (and its initial core state). on_error: what inference raised.
+    pool_options: the ActorPool's other keywords (newer_weights, ...).
     """
     inference = DynamicBatcher(policy, max_batch_size=64, timeout_s=0.001, on_error=on_error)
     pool = ActorPool(
@@ -338,6 +339,7 @@ def serve_pool(spec, settings, policy, emit=None, on_error=None):
         inference=inference,
         initial_state=lambda n: (),
         emit=emit or (lambda rollout, state: None),
+        **pool_options,
     )
     server, port = make_server(pool, "127.0.0.1:0", 1 << 20)
     server.start()

@@ -22,7 +22,7 @@ from torchbeast_hydra.env import layout
 from torchbeast_hydra.env.actions import action_spec
 from torchbeast_hydra.env.spaces import EnvSpec, observation_leaves
 
-from helpers import POOL_SPEC, POOL_TOKEN, RawClient, serve_small_pool, zero_policy
+from helpers import POOL_SPEC, POOL_TOKEN, RawClient, serve_pool, serve_small_pool, zero_policy
 from helpers import pool_hello as hello
 from helpers import pool_step as step
 
@@ -453,9 +453,8 @@ def test_a_client_that_stops_reading_holds_up_no_other(served_patiently):
 def test_synchronous_streams_wait_for_newer_weights_off_the_serving_loop():
     """backend.synchronous over gRPC: at an unroll's end each stream waits for newer weights on a
     thread of its own, while the serving loop goes on answering."""
-    from torchbeast_hydra.backends.poly.batcher import DynamicBatcher
-    from torchbeast_hydra.backends.poly.server import ActorPool, ServerSettings
-    from torchbeast_hydra.backends.poly.serving import loop_thread, make_server
+    from torchbeast_hydra.backends.poly.server import ServerSettings
+    from torchbeast_hydra.backends.poly.serving import loop_thread
 
     waiting, release = [], threading.Event()
 
@@ -464,35 +463,21 @@ def test_synchronous_streams_wait_for_newer_weights_off_the_serving_loop():
         assert release.wait(10)
 
     settings = ServerSettings("Test-v0", 5, 2, True, 1, 4, 2, 30.0)
-    inference = DynamicBatcher(zero_policy, max_batch_size=64, timeout_s=0.001)
-    pool = ActorPool(
-        SPEC,
-        settings,
-        token=POOL_TOKEN,
-        inference=inference,
-        initial_state=lambda n: (),
-        emit=lambda rollout, state: None,
-        newer_weights=newer_weights,
-    )
-    server, port = make_server(pool, "127.0.0.1:0", 1 << 20)
-    server.start()
     try:
-        clients = [RawClient(port), RawClient(port)]
-        for client in clients:
-            assert client.send(hello()) == "welcome"
-            for _ in range(5):  # row 0 and the unroll's first 4 steps
-                assert client.send(step()) == "actions"
-            client.outgoing.put(step())  # its unroll's last step: it waits for newer weights
-        deadline = time.monotonic() + 10
-        while len(waiting) < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert len(set(waiting)) == 2 and loop_thread().ident not in waiting  # both at once, off the loop
-        release.set()
-        for client in clients:
-            assert next(client.responses).WhichOneof("kind") == "actions"
-            client.close()
+        with serve_pool(SPEC, settings, zero_policy, newer_weights=newer_weights) as (pool, port):
+            clients = [RawClient(port), RawClient(port)]
+            for client in clients:
+                assert client.send(hello()) == "welcome"
+                for _ in range(5):  # row 0 and the unroll's first 4 steps
+                    assert client.send(step()) == "actions"
+                client.outgoing.put(step())  # its unroll's last step: it waits for newer weights
+            deadline = time.monotonic() + 10
+            while len(waiting) < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert len(set(waiting)) == 2 and loop_thread().ident not in waiting  # both at once, off the loop
+            release.set()
+            for client in clients:
+                assert next(client.responses).WhichOneof("kind") == "actions"
+                client.close()
     finally:
-        release.set()
-        pool.stop(finished=True)
-        inference.close()
-        server.stop(grace=None).wait()
+        release.set()  # a failed assertion above must not leave the pool's threads waiting
