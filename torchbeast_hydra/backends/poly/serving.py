@@ -83,7 +83,11 @@ class Stopping:
         self.future = future
 
     def wait(self, timeout: float | None = None) -> bool:
-        self.future.result(timeout)
+        """True once stopped; False if timeout passed first (as the sync server's event)."""
+        try:
+            self.future.result(timeout)
+        except TimeoutError:
+            return False
         return True
 
 
