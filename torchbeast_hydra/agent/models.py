@@ -311,7 +311,10 @@ class MLPBody(Body):
 
 
 class ActorCritic(nn.Module):
-    """Body -> [features, encoded last action, clipped reward] -> optional LSTM -> heads."""
+    """Body -> [features, encoded last action, clipped reward] -> optional LSTM -> heads.
+
+    feedback=False leaves out the last action and reward: the heads see the observation's features
+    alone, as PPO's MLP policy does (IMPALA feeds them back for its LSTM agents)."""
 
     def __init__(
         self,
@@ -322,6 +325,7 @@ class ActorCritic(nn.Module):
         leaf_keys: tuple = ("frame",),
         critic_body: nn.Module | None = None,
         value_norm: ValueNorm | None = None,
+        feedback: bool = True,
     ):
         """actions: the env's action space (an int: that many Discrete actions); critic_body: a
         body of the baseline's own (model.separate_critic, feed-forward: the LSTM is the policy's),
@@ -333,7 +337,9 @@ class ActorCritic(nn.Module):
         self.leaf_keys = tuple(leaf_keys)  # ("frame",): the body takes the tensor, else a dict of leaves
         self.actions = ActionSpec.discrete(actions) if isinstance(actions, int) else actions
         self.dist = distribution(self.actions)
-        core_size = body.output_size + self.dist.encoded_size + 1
+        self.feedback = feedback
+        feedback_size = self.dist.encoded_size + 1 if feedback else 0
+        core_size = body.output_size + feedback_size
         self.use_lstm = use_lstm
         # One nn.LSTM call per stretch of steps without an episode start, rather than one per step
         # (the same math; accel.lstm_segments, set by the learner).
@@ -341,7 +347,7 @@ class ActorCritic(nn.Module):
         if use_lstm:
             self.lstm = nn.LSTM(core_size, core_size, num_layers=lstm_layers)
         self.policy = self.dist.head(core_size)
-        critic_size = core_size if critic_body is None else critic_body.output_size + self.dist.encoded_size + 1
+        critic_size = core_size if critic_body is None else critic_body.output_size + feedback_size
         self.baseline = nn.Linear(critic_size, 1)
         self.value_norm = value_norm
         orthogonal_(self.policy, gain=0.01)  # a near-uniform (Box: centred) first policy, whatever the features
@@ -385,6 +391,8 @@ class ActorCritic(nn.Module):
             features = body(inputs["frame"].flatten(0, 1))
         else:
             features = body({key: inputs[key].flatten(0, 1) for key in self.leaf_keys})
+        if not self.feedback:
+            return features
         last_action = self.dist.encode(inputs["last_action"].flatten(0, 1))
         reward = inputs["reward"].flatten(0, 1).clamp(-1, 1).unsqueeze(-1)
         return torch.cat([features, reward, last_action], dim=-1)
@@ -421,7 +429,15 @@ class ActorCritic(nn.Module):
 
 
 # The core's fields of a model config; the others are the body's (models.Body).
-CORE_FIELDS = ("_target_", "use_lstm", "lstm_layers", "separate_critic", "normalize_values", "value_norm_beta")
+CORE_FIELDS = (
+    "_target_",
+    "use_lstm",
+    "lstm_layers",
+    "separate_critic",
+    "normalize_values",
+    "value_norm_beta",
+    "feedback",
+)
 
 
 def make_model(cfg, spec: EnvSpec) -> ActorCritic:
@@ -441,7 +457,13 @@ def make_model(cfg, spec: EnvSpec) -> ActorCritic:
     beta = fields.get("value_norm_beta", ModelConfig.value_norm_beta)
     value_norm = ValueNorm(beta) if fields.get("normalize_values", False) else None
     return ActorCritic(
-        body, spec.actions, *lstm, leaf_keys=spec.leaf_keys, critic_body=critic_body, value_norm=value_norm
+        body,
+        spec.actions,
+        *lstm,
+        leaf_keys=spec.leaf_keys,
+        critic_body=critic_body,
+        value_norm=value_norm,
+        feedback=fields.get("feedback", ModelConfig.feedback),
     )
 
 

@@ -32,6 +32,9 @@ class ModelConfig:
     # so no reward_scale has to be tuned per task. value_norm_beta: the statistics' rate per update.
     normalize_values: bool = False
     value_norm_beta: float = 0.001
+    # The last action and clipped reward beside the body's features, into the core and heads, as
+    # IMPALA's agents have them. false: the observation alone, as PPO's MLP policy (docs/control.md).
+    feedback: bool = True
 
 
 @dataclass
