@@ -153,6 +153,25 @@ def test_the_policy_head_and_last_action_follow_the_action_space(space):
     assert not torch.equal(model(other, action="none")[0]["baseline"], outputs["baseline"])
 
 
+@pytest.mark.parametrize("separate_critic", [False, True])
+def test_without_feedback_the_heads_see_the_observation_alone(separate_critic):
+    torch.manual_seed(0)
+    spec = EnvSpec.box((4,), np.float32, action_spec(gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "Test-v0"))
+    model = make_model(MLPConfig(hidden_sizes=[8], feedback=False, separate_critic=separate_critic), spec)
+    assert model.baseline.in_features == 8
+    T, B = 3, 2
+    step = dict(frame=torch.randn(T, B, 4), done=torch.zeros(T, B, dtype=torch.bool))
+    quiet = dict(step, reward=torch.zeros(T, B), last_action=torch.zeros(T, B, 2))
+    loud = dict(step, reward=torch.ones(T, B), last_action=torch.full((T, B, 2), 0.7))
+    for key in ("policy_logits", "baseline"):
+        torch.testing.assert_close(model(quiet, action="none")[0][key], model(loud, action="none")[0][key])
+    with_feedback = make_model(MLPConfig(hidden_sizes=[8], separate_critic=separate_critic), spec)
+    assert with_feedback.baseline.in_features == 8 + 2 + 1  # features, last action, reward
+    assert not torch.equal(
+        with_feedback(quiet, action="none")[0]["baseline"], with_feedback(loud, action="none")[0]["baseline"]
+    )
+
+
 def test_running_norm_learns_from_the_learner_only_and_is_checkpointed():
     torch.manual_seed(0)
     spec = EnvSpec.box((3,), np.float32, 2)
