@@ -84,7 +84,7 @@ def local_clients(cfg, address: str, token: str, max_message_bytes: int) -> Acto
     backend = cfg.backend
     ctx = mp.get_context("spawn")
     env_cfg, make_envs = client_envs(cfg)
-    connection = Connection(address, token, backend.connect_timeout_s, max_message_bytes)
+    connection = Connection(address, token, backend.connect_timeout_s, max_message_bytes, backend.newest_frames)
     kwargs = dict(env_cfg=env_cfg, connection=connection, num_envs=backend.envs_per_actor, make_envs=make_envs)
     kwargs.update(ignore_sigint=True)  # the parent handles Ctrl-C
 

@@ -21,6 +21,7 @@ from typing import Protocol
 import grpc
 
 from torchbeast_hydra.backends.poly import wire
+from torchbeast_hydra.backends.poly.frame_stacks import StackSender, stackable
 from torchbeast_hydra.backends.poly.settings import ADDRESS_FILE_PREFIX
 from torchbeast_hydra.env.native import GymnasiumEnvs
 from torchbeast_hydra.env.settings import EnvConfig
@@ -66,6 +67,8 @@ class Connection:
     token: str  # the shared secret the server checks
     connect_timeout_s: float  # how long to wait for a learner that is not up (yet)
     max_message_bytes: int  # the gRPC message limit both sides use (wire.max_message_bytes)
+    # A stack of frames goes one frame at a time where it can (frame_stacks.py; backend.newest_frames).
+    newest_frames: bool = True
 
 
 class EnvClient:
@@ -80,6 +83,7 @@ class EnvClient:
         self.envs = None  # made at the first welcome, seeded by the server
         self.outputs = None
         self.welcomed = False  # in the session now running (or last ended)
+        self.stacks = None  # the session's frame_stacks.StackSender, where the frames are stacks
 
     def run(self) -> int:
         """Serves the learner until it finishes; returns the process exit code."""
@@ -129,6 +133,7 @@ class EnvClient:
     def _session(self) -> str:
         """One connection: hello, then a step per answer until the learner ends it; returns why."""
         self.welcomed = False
+        self.stacks = StackSender() if self.connection.newest_frames and stackable(self.spec) else None
         address = self._resolve_address()
         with grpc.insecure_channel(address, options=wire.channel_options(self.connection.max_message_bytes)) as channel:
             try:
@@ -171,7 +176,7 @@ class EnvClient:
                 return message.finished.reason or "training finished"
             else:
                 raise ConnectionError("the learner sent an empty message")
-            outgoing.put(wire.encode_step(self.outputs, self.spec.leaf_keys))
+            outgoing.put(wire.encode_step(self.outputs, self.spec.leaf_keys, self.stacks))
         raise ConnectionError("the learner closed the stream")
 
     def _hello(self) -> bytes:

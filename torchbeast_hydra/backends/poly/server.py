@@ -35,6 +35,7 @@ import torch
 
 from torchbeast_hydra.backends.poly import serving, wire
 from torchbeast_hydra.backends.poly.batcher import BatcherClosed, DynamicBatcher
+from torchbeast_hydra.backends.poly.frame_stacks import StackReceiver, stackable
 from torchbeast_hydra.backends.poly.rollouts import Emit, RolloutBuilder
 from torchbeast_hydra.backends.poly.serving import make_server  # noqa: F401 (where callers look for it)
 from torchbeast_hydra.env.layout import FLOAT32_LIMIT, rollout_specs
@@ -173,13 +174,14 @@ class ActorPool:
             hello = self._hello(await stream.receive())
             client_id, seed = self.new_client()
             session = self.open_session(hello.num_envs)
+            stacks = StackReceiver() if stackable(self.spec) else None  # this stream's last frames
             log.info("Client %d connected from %s with %d envs.", client_id, peer, hello.num_envs)
             await stream.send(wire.ServerMessage(welcome=wire.Welcome(client_id=client_id, seed=seed)))
             while (raw := await stream.receive()) is not None:
                 if self.stopping.is_set():
                     break
                 try:
-                    actions = await session.step_async(self._step(raw, hello.num_envs))
+                    actions = await session.step_async(self._step(raw, hello.num_envs, stacks))
                 except (BatcherClosed, InferenceFailed):
                     break
                 message = wire.ServerMessage()
@@ -346,10 +348,10 @@ class ActorPool:
             )
         return hello
 
-    def _step(self, raw: bytes, num_envs: int) -> dict:
+    def _step(self, raw: bytes, num_envs: int, stacks: StackReceiver | None) -> dict:
         try:
             message = wire.parse(wire.ClientMessage, raw)
-            return wire.decode_step(message, num_envs, self.spec, self.settings.float_limit)
+            return wire.decode_step(message, num_envs, self.spec, self.settings.float_limit, stacks)
         except wire.WireError as error:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed step: {error}") from None
 

@@ -55,6 +55,9 @@ class PolyConfig(BackendConfig):
     max_clients: int = 64  # concurrent client streams the server accepts; more are refused with a message naming this
     # A stream the server waits on longer is dropped (its envs' unrolls go on, partial).
     client_idle_timeout_s: float = 60.0
+    # Remote clients send each env's newest frame alone where the rest of its stack of frames (Atari's
+    # last 4 screens) is what they sent the step before: 4x fewer bytes (frame_stacks.py). false: whole stacks.
+    newest_frames: bool = True
     max_envs_per_client: int = 256  # sizes the gRPC message limit: larger steps are refused
     connect_timeout_s: float = 60.0  # clients wait this long for a learner that is not up (yet)
     inference_torch_threads: int = 1  # intra-op threads for central inference

@@ -17,6 +17,7 @@ import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
+from torchbeast_hydra.backends.poly.frame_stacks import StackError, StackReceiver, StackSender
 from torchbeast_hydra.env.actions import ActionError, ActionSpec, bad_rows, check
 from torchbeast_hydra.env.layout import ENV_KEYS, FLOAT32_LIMIT, fits_limit, within_limit
 
@@ -81,7 +82,16 @@ def file_descriptor() -> descriptor_pb2.FileDescriptorProto:
                 [("env_id", "string"), ("num_envs", "int32"), ("action_space", "string"), ("obs", "repeated Array")],
                 skip=(3, 4),  # obs_shape and obs_dtype, before observations had leaves
             ),
-            _message("Step", [*((key, "Array") for key in STEP_KEYS), ("obs", "repeated Array")]),
+            # newest_only and newest: frame_stacks.py (a stack of frames sent one frame at a time).
+            _message(
+                "Step",
+                [
+                    *((key, "Array") for key in STEP_KEYS),
+                    ("obs", "repeated Array"),
+                    ("newest_only", "Array"),
+                    ("newest", "Array"),
+                ],
+            ),
             _message("ClientMessage", [("hello", "Hello"), ("step", "Step")], oneof="kind"),
             _message("Welcome", [("client_id", "int64"), ("seed", "int64")]),
             _message("Finished", [("reason", "string")]),
@@ -194,14 +204,20 @@ def encode_hello(spec, env_id: str, num_envs: int) -> bytes:
     return message.SerializeToString()
 
 
-def encode_step(outputs: dict, leaf_keys: tuple = (FRAME,)) -> bytes:
-    """outputs: the env keys' arrays [num_envs, ...]; leaf_keys: the observation's (EnvSpec.leaf_keys)."""
+def encode_step(outputs: dict, leaf_keys: tuple = (FRAME,), stacks: StackSender | None = None) -> bytes:
+    """outputs: the env keys' arrays [num_envs, ...]; leaf_keys: the observation's (EnvSpec.leaf_keys);
+    stacks: this stream's sender, for a frame that is a stack of frames (frame_stacks.py)."""
     # A fresh message each step: reassigning a reused message's bytes fields grows its arena (slower).
     message = ClientMessage()
     step = message.step
     for key in OTHER_STEP_KEYS:
         encode_array(outputs[key], getattr(step, key))
-    if leaf_keys == (FRAME,):
+    if stacks is not None:
+        newest_only, whole, newest = stacks.split(outputs[FRAME])
+        encode_array(newest_only, step.newest_only)
+        encode_array(whole, step.frame)
+        encode_array(newest, step.newest)
+    elif leaf_keys == (FRAME,):
         encode_array(outputs[FRAME], step.frame)
     else:
         for key in leaf_keys:
@@ -209,14 +225,18 @@ def encode_step(outputs: dict, leaf_keys: tuple = (FRAME,)) -> bytes:
     return message.SerializeToString()
 
 
-def decode_step(message, num_envs: int, spec, float_limit: float = FLOAT32_LIMIT) -> dict:
+def decode_step(
+    message, num_envs: int, spec, float_limit: float = FLOAT32_LIMIT, stacks: StackReceiver | None = None
+) -> dict:
     """A ClientMessage's Step as arrays [num_envs, ...], views of its bytes; checks every array
     against spec (envs.EnvSpec): names, dtypes, shapes and value ranges. float_limit: the largest
-    magnitude a float observation may hold (accel.float_limit, what the model computes with)."""
+    magnitude a float observation may hold (accel.float_limit, what the model computes with);
+    stacks: this stream's receiver where the frame is a stack of frames (frame_stacks.stackable),
+    which may then come as newest frames."""
     if message.WhichOneof("kind") != "step":
         raise WireError(f"expected a step, got {message.WhichOneof('kind') or 'an empty message'}")
     step = message.step
-    arrays = _decode_obs(step, num_envs, spec)
+    arrays = _decode_obs(step, num_envs, spec, stacks)
     for key in OTHER_STEP_KEYS:
         shape, dtype = spec.step_specs[key]
         arrays[key] = decode_array(getattr(step, key), key, dtype_name(dtype), (num_envs, *shape))
@@ -250,13 +270,19 @@ def check_step(arrays: dict, spec, float_limit: float = FLOAT32_LIMIT) -> dict:
     return arrays
 
 
-def _decode_obs(step, num_envs: int, spec) -> dict:
+def _decode_obs(step, num_envs: int, spec, stacks: StackReceiver | None) -> dict:
     """The observation's leaves: Step.frame for one array (no loop), else Step.obs, one named Array each."""
+    newest_frames = step.HasField("newest_only") or step.HasField("newest")
+    if newest_frames and stacks is None:
+        raise WireError("newest frames sent for an observation that is not a stack of frames")
     if spec.single:
         if step.obs:
             raise WireError(f"extra observation leaves {[a.name for a in step.obs]}: this env's observation is a frame")
         leaf = spec.leaves[0]
-        return {FRAME: decode_array(step.frame, FRAME, dtype_name(leaf.dtype), (num_envs, *leaf.shape))}
+        if newest_frames:
+            return {FRAME: _decode_stacks(step, num_envs, leaf, stacks)}
+        frames = decode_array(step.frame, FRAME, dtype_name(leaf.dtype), (num_envs, *leaf.shape))
+        return {FRAME: frames if stacks is None else stacks.keep(frames)}
     if step.HasField(FRAME):
         raise WireError("extra observation leaf frame: this env's observation has leaves, sent in Step.obs")
     sent = {array.name: array for array in step.obs}
@@ -272,6 +298,18 @@ def _decode_obs(step, num_envs: int, spec) -> dict:
         leaf.key: decode_array(sent[leaf.key], leaf.key, dtype_name(leaf.dtype), (num_envs, *leaf.shape))
         for leaf in spec.leaves
     }
+
+
+def _decode_stacks(step, num_envs: int, leaf, stacks: StackReceiver) -> np.ndarray:
+    """The stacks of a step that sent some envs' newest frames only (frame_stacks.py)."""
+    newest_only = decode_array(step.newest_only, "newest_only", "bool", (num_envs,))
+    count, dtype = int(newest_only.sum()), dtype_name(leaf.dtype)
+    whole = decode_array(step.frame, FRAME, dtype, (num_envs - count, *leaf.shape))
+    newest = decode_array(step.newest, "newest", dtype, (count, *leaf.shape[1:]))
+    try:
+        return stacks.join(newest_only, whole, newest)
+    except StackError as error:
+        raise WireError(str(error)) from None
 
 
 def check_leaf(leaf, array: np.ndarray, float_limit: float = FLOAT32_LIMIT) -> np.ndarray:
