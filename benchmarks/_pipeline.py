@@ -189,7 +189,9 @@ class NullLearner:
         self._thread.join()
 
 
-def start_clients(maker, address: str, token: str, clients: int, envs: int, max_bytes: int) -> list:
+def start_clients(
+    maker, address: str, token: str, clients: int, envs: int, max_bytes: int, newest_frames: bool = True
+) -> list:
     import torch.multiprocessing as mp
 
     from torchbeast_hydra.backends.poly.client import Connection, client_main
@@ -200,7 +202,13 @@ def start_clients(maker, address: str, token: str, clients: int, envs: int, max_
         ctx.Process(
             target=client_main,
             daemon=True,
-            args=(EnvConfig(id="FixedFrames"), Connection(address, token, 60, max_bytes), envs, True, maker),
+            args=(
+                EnvConfig(id="FixedFrames"),
+                Connection(address, token, 60, max_bytes, newest_frames),
+                envs,
+                True,
+                maker,
+            ),
         )
         for _ in range(clients)
     ]
@@ -219,9 +227,9 @@ def wait_for_clients(pool, processes: list, timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-def measure_null(maker, args, clients: int, envs: int, shards: int = 1) -> dict:
+def measure_null(maker, args, clients: int, envs: int, shards: int = 1, newest_frames: bool = True) -> dict:
     learner = NullLearner(maker, args, shards)
-    processes = start_clients(maker, learner.address, learner.token, clients, envs, learner.max_bytes)
+    processes = start_clients(maker, learner.address, learner.token, clients, envs, learner.max_bytes, newest_frames)
     try:
         wait_for_clients(learner.pool, processes)
         time.sleep(args.warmup)
@@ -271,7 +279,7 @@ def thread_seconds(threads: list) -> float:
     return sum(time.clock_gettime(time.pthread_getcpuclockid(thread.ident)) for thread in threads)
 
 
-def measure_cli(maker, args, clients: int, envs: int) -> dict:
+def measure_cli(maker, args, clients: int, envs: int, newest_frames: bool = True) -> dict:
     """The real learner (role=learner, with the given overrides) fed by zero-cost clients."""
     from torchbeast_hydra.backends.poly import wire
 
@@ -311,7 +319,7 @@ def measure_cli(maker, args, clients: int, envs: int) -> dict:
             while not address_file.exists() and time.monotonic() < deadline:
                 time.sleep(0.2)
             address = address_file.read_text().strip()
-            processes = start_clients(maker, address, token, clients, envs, max_bytes)
+            processes = start_clients(maker, address, token, clients, envs, max_bytes, newest_frames)
             # The steps/s, like the CPU window, count from the clients' start plus the warm-up (the
             # learner's clock started after `launched`: the rows read all lie past that point).
             clients_at = time.monotonic() - launched

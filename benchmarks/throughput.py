@@ -13,6 +13,7 @@
     python benchmarks/throughput.py pipeline --learner cli --clients 2 4 --envs 64 model=trivial_frames
     python benchmarks/throughput.py pipeline --obs float64 --clients 1   # the server's float range check
     python benchmarks/throughput.py pipeline --shards 1 2 --rounds 3 --envs 16   # the server in 1 and 2 processes
+    python benchmarks/throughput.py pipeline --frames whole newest --envs 16     # stacks whole, or a frame a step
     python benchmarks/throughput.py envs                  # the raw env rate of each engine (env.engine)
     python benchmarks/throughput.py envs --engines native envpool --ids ALE/Pong-v5 --rounds 5
     python benchmarks/throughput.py envs --processes 16 --seconds 3   # a 16-core machine, a process a core
@@ -57,6 +58,7 @@ Hydra overrides (key=value) may stand anywhere on the line, after a list option 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import tempfile
@@ -282,28 +284,29 @@ def pipeline_mode(args) -> None:
     )
     extra = "  update us/step  queue" if args.learner == "cli" else ""
     print(
-        f"{'shards':>6} {'clients':>7} {'envs/client':>11} {'env-steps/s':>12} {'wall us/step':>12} "
+        f"{'shards':>6} {'frames':>6} {'clients':>7} {'envs/client':>11} {'env-steps/s':>12} {'wall us/step':>12} "
         f"{'CPU us/step':>11} {'of it learner process':>21} {'shards':>6} "
         f"{'server us/step':>14} {'server all us/step':>18} {'gather us/step':>14} {'inference batch':>15} "
         f"{'inference host us/step':>22} {'one-GIL ceiling':>15}{extra}"
     )
-    for _ in range(args.rounds):  # rounds alternate the shard counts: other load on the machine hits each alike
-        for shards in args.shards:
-            for clients in args.clients:
-                for envs in args.envs:
-                    if args.learner == "cli":
-                        args.overrides = [o for o in args.overrides if not o.startswith("backend.server_shards=")]
-                        args.overrides.append(f"backend.server_shards={shards}")
-                        r = measure_cli(maker, args, clients, envs)
-                    else:
-                        r = measure_null(maker, args, clients, envs, shards)
-                    print(_pipeline_line(args, shards, clients, envs, r), flush=True)
+    # Rounds alternate the shard counts and frame encodings: other load on the machine hits each alike.
+    for _, shards, frames, clients, envs in itertools.product(
+        range(args.rounds), args.shards, args.frames, args.clients, args.envs
+    ):
+        newest = frames == "newest"
+        if args.learner == "cli":
+            args.overrides = [o for o in args.overrides if not o.startswith("backend.server_shards=")]
+            args.overrides.append(f"backend.server_shards={shards}")
+            r = measure_cli(maker, args, clients, envs, newest)
+        else:
+            r = measure_null(maker, args, clients, envs, shards, newest)
+        print(_pipeline_line(args, shards, frames, clients, envs, r), flush=True)
 
 
-def _pipeline_line(args, shards: int, clients: int, envs: int, r: dict) -> str:
+def _pipeline_line(args, shards: int, frames: str, clients: int, envs: int, r: dict) -> str:
     line = (
         # no step in the window (a loaded machine, a short --seconds): no time a step either
-        f"{shards:>6} {clients:>7} {envs:>11} {r['sps']:>12,.0f} "
+        f"{shards:>6} {frames:>6} {clients:>7} {envs:>11} {r['sps']:>12,.0f} "
         f"{_cell(1e6 / r['sps'] if r['sps'] else None, 12, '.1f')} {r['cpu_us']:>11.1f} "
         f"{r['learner_cpu_us']:>21.1f} {_cell(r.get('shards_cpu_us'), 6, '.1f')} "
         f"{_cell(r['server_us'], 14, '.1f')} {_cell(r.get('server_all_us'), 18, '.1f')} "
@@ -392,7 +395,14 @@ def parser() -> argparse.ArgumentParser:
     pipe.add_argument(
         "--shards", type=int, nargs="+", default=[1], help="server shard processes (1: all in the learner's process)"
     )
-    pipe.add_argument("--rounds", type=int, default=1, help="times to measure each shard count, alternating")
+    pipe.add_argument(
+        "--frames",
+        nargs="+",
+        choices=["newest", "whole"],
+        default=["newest"],
+        help="stacks of frames over gRPC: a frame a step where they shift (backend.newest_frames), or whole",
+    )
+    pipe.add_argument("--rounds", type=int, default=1, help="times to measure each setting, alternating")
     pipe.add_argument("--seconds", type=float, default=15.0)
     pipe.add_argument("--warmup", type=float, default=5.0)
     pipe.add_argument("overrides", nargs="*", help="--learner cli: Hydra overrides for the learner")

@@ -193,12 +193,28 @@ def test_scaling_shows_a_dash_for_what_the_backend_does_not_log(throughput, monk
 
 @pytest.mark.slow
 def test_pipeline_mode_runs(tmp_path):
-    pipeline = ["pipeline", "--clients", "1", "--envs", "4", "--warmup", "1", "--seconds", "2"]
-    result = run_command([sys.executable, BENCHMARKS / "throughput.py", *pipeline], timeout=60)
+    pipeline = [
+        "pipeline",
+        "--clients",
+        "1",
+        "--envs",
+        "4",
+        "--frames",
+        "whole",
+        "newest",
+        "--warmup",
+        "1",
+        "--seconds",
+        "2",
+    ]
+    result = run_command([sys.executable, BENCHMARKS / "throughput.py", *pipeline], timeout=90)
     assert result.returncode == 0, result.stderr
-    row = result.stdout.splitlines()[-1].split()
-    assert row[:3] == ["1", "1", "4"]  # shards, clients, envs a client
-    assert float(row[3].replace(",", "")) > 0  # env-steps/s
+    rows = [line.split() for line in result.stdout.splitlines()[-2:]]
+    assert [row[:4] for row in rows] == [
+        ["1", "whole", "1", "4"],
+        ["1", "newest", "1", "4"],
+    ]  # shards, frames, clients, envs
+    assert all(float(row[4].replace(",", "")) > 0 for row in rows)  # env-steps/s
 
 
 def test_train_mode_counts_training_time_by_the_runs_own_clock(monkeypatch, tmp_path):
