@@ -893,6 +893,33 @@ def test_minibatches_of_steps_need_a_feed_forward_model_and_fit_the_batch():
         settings.check(cfg)
 
 
+@pytest.mark.parametrize("targets_once", [False, True])
+def test_targets_once_keeps_the_first_passs_targets_for_every_pass(targets_once):
+    """PPO's GAE once per rollout: with optim.targets_once the later passes learn towards the targets
+    the batch's first pass computed; without it each pass computes its own from the weights then."""
+    cfg = steps_cfg(epochs=3, minibatches=2)
+    cfg.optim.targets_once = targets_once
+    learner = make_learner(cfg)
+    passes = []
+    original = learner._batch_targets
+    learner._batch_targets = lambda *args: passes.append(original(*args)) or passes[-1]
+    seen = []
+    steps_inputs = learner._steps_inputs
+    learner._steps_inputs = lambda b, whole, steps, scale: seen.append(whole) or steps_inputs(b, whole, steps, scale)
+    learner.update(learner_batch(cfg), ())
+    assert len(passes) == (1 if targets_once else 3) and len(seen) == 6
+    assert all(whole is passes[0] for whole in seen) == targets_once
+    if not targets_once:  # the weights moved between passes: so did the targets
+        assert not torch.equal(passes[0].targets.vs, passes[2].targets.vs)
+
+
+def test_targets_once_needs_minibatches_of_steps():
+    cfg = steps_cfg(minibatches=2)
+    cfg.optim.minibatch_unit, cfg.optim.targets_once = "unrolls", True
+    with pytest.raises(ConfigError, match="optim.targets_once=true needs optim.minibatch_unit=steps"):
+        settings.check(cfg)
+
+
 def test_normalized_rewards_are_divided_by_the_return_std_and_clipped():
     batch = tiny_batch(rewards=(0.0, 2.0, -50.0))
     cfg = vtrace_cfg(normalize_rewards=True, reward_norm_clip=3.0, reward_scale=0.5)

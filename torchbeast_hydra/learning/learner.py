@@ -382,11 +382,14 @@ class Learner:
         optim = self.cfg.optim
         figures = []
         by_steps = MinibatchUnit(optim.minibatch_unit) is MinibatchUnit.steps
+        whole = None
         for epoch in range(optim.epochs):
             # Running statistics (observations, value targets) count each sample once.
             with frozen(self.running_norms if epoch > 0 else []):
                 if by_steps:
-                    parts = self._step_minibatches(batch, initial_core_state)
+                    if whole is None or not optim.targets_once:
+                        whole = self._batch_targets(batch, initial_core_state)
+                    parts = self._step_minibatches(batch, whole)
                 else:
                     parts = (
                         partial(self._unroll_inputs, part, state)
@@ -418,14 +421,18 @@ class Learner:
         with _stage("learner/losses"):
             return loss_inputs(self.vtrace_cfg, batch, outputs, self.model.dist, value_scale, self.return_std())
 
-    def _step_minibatches(self, batch: dict, initial_core_state: tuple):
-        """optim.minibatch_unit=steps: one pass's minibatches of single steps, drawn at random from
-        the batch's real steps, each as a function of the value scale giving its LossInputs. The
-        targets and raw advantages come from one forward pass over the whole batch at the start of
-        the pass (no gradient): V-trace needs whole unrolls."""
+    def _batch_targets(self, batch: dict, initial_core_state: tuple) -> LossInputs:
+        """optim.minibatch_unit=steps: the whole batch's targets and raw advantages, from one forward
+        pass (no gradient; V-trace needs whole unrolls), at the start of each pass over the batch or,
+        with optim.targets_once, of the first."""
         with torch.no_grad(), _stage("learner/targets"), accel.autocast(self.bf16, self.device):
             outputs, _ = self.forward(batch, initial_core_state, action="none")
-            whole = loss_inputs(self._targets_cfg, batch, outputs, self.model.dist, return_std=self.return_std())
+            return loss_inputs(self._targets_cfg, batch, outputs, self.model.dist, return_std=self.return_std())
+
+    def _step_minibatches(self, batch: dict, whole: LossInputs):
+        """optim.minibatch_unit=steps: one pass's minibatches of single steps, drawn at random from
+        the batch's real steps, each as a function of the value scale giving its LossInputs, with
+        `whole`'s targets (_batch_targets)."""
         count = self.cfg.optim.minibatches
         real = whole.mask.flatten().nonzero().flatten()
         order = real[torch.randperm(len(real), device=real.device)]

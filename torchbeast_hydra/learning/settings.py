@@ -89,6 +89,9 @@ class OptimConfig:
     epochs: int = 1
     minibatches: int = 1
     minibatch_unit: MinibatchUnit = MinibatchUnit.unrolls
+    # With minibatch_unit=steps: the targets and advantages computed once per batch, at its first
+    # pass, as PPO computes GAE once per rollout (false: anew at each pass, from the weights then).
+    targets_once: bool = False
     on_nonfinite: OnNonFinite = OnNonFinite.skip  # a NaN/inf loss or gradient
 
 
@@ -170,6 +173,11 @@ def check(cfg) -> None:
     require(optim.grad_norm_clipping > 0, "optim.grad_norm_clipping must be positive.")
     require(optim.epochs >= 1, "optim.epochs must be at least 1.")
     if MinibatchUnit(optim.minibatch_unit) is MinibatchUnit.unrolls:
+        require(
+            not optim.targets_once,
+            "optim.targets_once=true needs optim.minibatch_unit=steps: with whole unrolls the targets are "
+            "computed in each minibatch, from the learner's weights then.",
+        )
         require(
             1 <= optim.minibatches <= cfg.batch_size,
             f"optim.minibatches={optim.minibatches} must be between 1 and batch_size={cfg.batch_size} "
