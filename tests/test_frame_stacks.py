@@ -115,7 +115,7 @@ def test_only_stacks_of_frames_go_one_frame_at_a_time():
 
 
 @pytest.mark.slow
-def test_a_pong_run_over_grpc_sends_newest_frames_and_trains(tmp_path):
+def test_a_pong_run_over_grpc_trains_with_newest_frames_on_by_default(tmp_path):
     run_dir = tmp_path / "run"
     run_cli(run_dir, "env=pong", "backend=poly", "backend.local_transport=grpc", "total_steps=512", *SMALL, timeout=300)
     assert int(rows(run_dir)[-1]["step"]) >= 512
