@@ -189,24 +189,31 @@ def model_costs(cfg, inference_batch: int) -> dict:
 
 def wire_costs(cfg, num_envs: int) -> dict:
     """A client's step message for num_envs envs: encoding it (client) and parsing, decoding and
-    checking it (server); per env step."""
+    checking it (server); per env step. Stacks of frames go as the run sends them: with
+    backend.newest_frames, a step in an episode's middle (each env's newest frame)."""
     from torchbeast_hydra.backends.poly import wire
+    from torchbeast_hydra.backends.poly.frame_stacks import StackReceiver, StackSender, stackable
     from torchbeast_hydra.env import layout
     from torchbeast_hydra.env.spaces import probe_env
 
     spec = probe_env(cfg.env)
     outputs = layout.env_outputs(spec, num_envs)
-    raw = wire.encode_step(outputs, spec.leaf_keys)
+    newest = bool(cfg.backend.get("newest_frames", False)) and stackable(spec)
+    sender, receiver = (StackSender(), StackReceiver()) if newest else (None, None)
+    first = wire.encode_step(outputs, spec.leaf_keys, sender)  # whole stacks: the stream's first step
+    raw = wire.encode_step(outputs, spec.leaf_keys, sender)  # newest frames from here on, where on
+    wire.decode_step(wire.parse(wire.ClientMessage, first), num_envs, spec, stacks=receiver)
 
     def decode():
-        wire.decode_step(wire.parse(wire.ClientMessage, raw), num_envs, spec)
+        wire.decode_step(wire.parse(wire.ClientMessage, raw), num_envs, spec, stacks=receiver)
 
+    how = ", newest frames" if newest else ""
     return {
-        f"wire: encode a step ({num_envs} envs, client)": _per_call_us(
-            lambda: wire.encode_step(outputs, spec.leaf_keys), 50
+        f"wire: encode a step ({num_envs} envs{how}, client)": _per_call_us(
+            lambda: wire.encode_step(outputs, spec.leaf_keys, sender), 50
         )
         / num_envs,
-        "wire: parse + decode + check (server)": _per_call_us(decode, 50) / num_envs,
+        f"wire: parse + decode + check{how} (server)": _per_call_us(decode, 50) / num_envs,
     }
 
 
