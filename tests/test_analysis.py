@@ -128,6 +128,27 @@ def test_a_key_the_code_gained_between_runs_makes_no_setting_unless_typed():
     assert analysis.differing_keys([older, newer], typed={"ablation"}) == ["seed", "ablation"]  # +ablation=none
 
 
+def test_runs_that_predate_a_key_join_the_runs_that_left_it_at_its_default(tmp_path):
+    """Two seeds of a preset run before the code gained model.feedback, one after it, and one typing
+    model.feedback=false: the preset's three seeds are one setting, the typed run another."""
+    old = dict(env=dict(id="Hopper-v4"), optim=dict(learning_rate=0.0003))
+    new = dict(old, model=dict(feedback=True))
+    for seed, config, overrides in ((1, old, []), (2, old, []), (3, new, [])):
+        write_run(tmp_path / "preset" / str(seed), overrides, seed, [(10, [float(seed)], 0.0)], config=config)
+    off = dict(old, model=dict(feedback=False))
+    write_run(tmp_path / "no_feedback" / "1", ["model.feedback=false"], 1, [(10, [9.0], 0.0)], config=off)
+    df = analysis.load_runs(tmp_path)
+    assert analysis.settings(df) == ["model.feedback=False", "model.feedback=True"]
+    assert df.groupby("setting")["run"].nunique().to_dict() == {"model.feedback=False": 1, "model.feedback=True": 3}
+    loaded = analysis.load(tmp_path)
+    analysis.assign_settings(loaded)
+    assert sorted(r.setting for r in loaded) == ["model.feedback=False", *["model.feedback=True"] * 3]
+    # A default that changed between runs is no one value: the runs lacking the key stay apart.
+    changed = [{"seed": 1}, {"seed": 2, "model.feedback": True}, {"seed": 3, "model.feedback": False}]
+    assert "model.feedback" not in analysis.with_gained_keys(changed, [set(), set(), set()])[0]
+    assert analysis.with_gained_keys(changed[:2], [set(), set()])[0]["model.feedback"] is True
+
+
 def test_group_choices_are_read_from_the_runs_hydra_config(tmp_path):
     for name, env in (("pong", "ALE/Pong-v5"), ("breakout", "ALE/Breakout-v5")):
         write_run(tmp_path / name, [], 1, [(10, [1.0], 0.0)], config=dict(env=dict(id=env)), choices=dict(env=name))

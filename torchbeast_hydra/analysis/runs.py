@@ -305,15 +305,16 @@ def assign_settings(loaded: list) -> None:
     and sweep_record.RUN_CONTROL_KEYS) label each run's setting, e.g. `optim.learning_rate=0.001`."""
     for task in task_names(loaded):
         group = [r for r in loaded if r.task == task]
-        typed = {k for r in group for k in read_overrides(r.dir)}
-        configs = [{**r.config, SEED: r.seed} for r in group]
+        typed_by_run = [set(read_overrides(r.dir)) for r in group]
+        typed = set().union(*typed_by_run)
+        configs = with_gained_keys([{**r.config, SEED: r.seed} for r in group], typed_by_run)
         keys = [
             k
             for k in differing_keys(configs, typed=typed)
             if k != SEED and k not in TASK_KEYS and not is_run_control(k) and k not in POPULATION_KEYS
         ]
-        for run in group:
-            label = ",".join(f"{k}={run.config[k]}" for k in keys if run.config.get(k) is not None)
+        for run, config in zip(group, configs):
+            label = ",".join(f"{k}={config[k]}" for k in keys if config.get(k) is not None)
             run.setting = label or ALL_RUNS
 
 
@@ -336,8 +337,9 @@ def load_runs(paths: str | Path | Iterable[str | Path], window: int = 100) -> pd
     """
     loaded = load(paths, window)
     frames = [run.train for run in loaded]
-    configs = [{**run.config, SEED: run.seed} for run in loaded]
-    typed = {k for f in frames for k in f.attrs["override_keys"]}
+    typed_by_run = [set(f.attrs["override_keys"]) for f in frames]
+    typed = set().union(*typed_by_run)
+    configs = with_gained_keys([{**run.config, SEED: run.seed} for run in loaded], typed_by_run)
     swept = [k for k in differing_keys(configs, typed=typed) if not is_run_control(k)]
     setting_keys = [k for k in swept if k != SEED]
     # A column per swept key, with its value in each run (defaults included); a key that clashes
@@ -360,6 +362,21 @@ def load_runs(paths: str | Path | Iterable[str | Path], window: int = 100) -> pd
         df["setting"] = ALL_RUNS
     df.attrs.update(override_keys=keys, swept=swept, swept_keys=setting_keys, window=window)
     return df
+
+
+def with_gained_keys(configs: list, typed_by_run: list) -> list:
+    """The configs, each given the keys the code gained after it ran, at their default: the value
+    every run that has the key and did not type it shares. A run that predates a key ran as its
+    default does (a new option's default keeps the old behaviour), so it belongs with the runs that
+    left the key alone, not in a setting of its own. A key whose untyped runs disagree (the default
+    changed) is left missing."""
+    keys = list(dict.fromkeys(k for config in configs for k in config))
+    defaults = {}
+    for key in keys:
+        untyped = {_text(c[key]): c[key] for c, typed in zip(configs, typed_by_run) if key in c and key not in typed}
+        if len(untyped) == 1 and any(key not in c for c in configs):
+            defaults[key] = next(iter(untyped.values()))
+    return [{**{k: v for k, v in defaults.items() if k not in c}, **c} for c in configs]
 
 
 def differing_keys(configs: list, typed: Iterable[str] = ()) -> list:
