@@ -32,7 +32,8 @@ def test_every_consumer_derives_its_keys_from_the_layout():
     finally:
         envs.close()
     assert wire.STEP_KEYS == layout.ENV_KEYS
-    assert [f.name for f in wire.Step.DESCRIPTOR.fields] == [*layout.ENV_KEYS, "obs"]  # obs: Dict/Tuple leaves
+    # obs: Dict/Tuple leaves; newest_only, newest: a stack of frames a frame at a time (frame_stacks.py)
+    assert [f.name for f in wire.Step.DESCRIPTOR.fields] == [*layout.ENV_KEYS, "obs", "newest_only", "newest"]
     buffers = create_buffers(SPEC, unroll_length=5, count=3)
     assert set(buffers) == set(layout.LAYOUT)
     assert buffers["policy_logits"].shape == (6, 3, 6) and buffers["frame"].dtype == torch.uint8
