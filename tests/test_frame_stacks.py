@@ -62,7 +62,7 @@ def test_a_client_may_send_whole_stacks_and_newest_frames_in_turn():
     wire.decode_step(wire.parse(wire.ClientMessage, wire.encode_step(step_outputs(stacks))), 2, SPEC, stacks=receiver)
     shifted = np.concatenate([stacks[:, 1:], stacks[:, :1]], axis=1)
     sender = StackSender()
-    sender.sent = stacks.copy()
+    sender.sent_tail = stacks[:, 1:].copy()
     raw = wire.encode_step(step_outputs(shifted), stacks=sender)
     message = wire.parse(wire.ClientMessage, raw)
     assert list(message.step.frame.shape) == [0, *FRAMES]  # both envs sent their newest frame alone
@@ -71,7 +71,7 @@ def test_a_client_may_send_whole_stacks_and_newest_frames_in_turn():
 
 def newest_first(stacks):
     sender = StackSender()
-    sender.sent = np.concatenate([stacks[:, :1], stacks[:, :-1]], axis=1)  # as if it had sent the step before
+    sender.sent_tail = stacks[:, :-1].copy()  # as if it had sent them, one step older, the step before
     return wire.encode_step(step_outputs(stacks), stacks=sender)
 
 

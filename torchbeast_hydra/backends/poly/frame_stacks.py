@@ -31,15 +31,16 @@ class StackSender:
     """The client's end: splits each step's stacks into whole ones and newest frames."""
 
     def __init__(self):
-        self.sent = None  # the stacks of the last step, [num_envs, frames, ...]
+        self.sent_tail = None  # the last step's stacks less their oldest frame, [num_envs, frames - 1, ...]
 
     def split(self, stacks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(newest_only [num_envs] bool, the whole stacks of the other envs, the newest frames of those)."""
-        if self.sent is None:
+        if self.sent_tail is None:
             newest_only = np.zeros(len(stacks), dtype=bool)
         else:
-            newest_only = (stacks[:, :-1] == self.sent[:, 1:]).reshape(len(stacks), -1).all(axis=1)
-        self.sent = stacks.copy()  # an env may write its next stacks into the same buffer
+            newest_only = (stacks[:, :-1] == self.sent_tail).reshape(len(stacks), -1).all(axis=1)
+        # A copy of what the next step compares with: an env may write its next stacks into this buffer.
+        self.sent_tail = stacks[:, 1:].copy()
         if newest_only.all():
             return newest_only, stacks[:0], stacks[:, -1]
         if not newest_only.any():
