@@ -305,9 +305,7 @@ def assign_settings(loaded: list) -> None:
     and sweep_record.RUN_CONTROL_KEYS) label each run's setting, e.g. `optim.learning_rate=0.001`."""
     for task in task_names(loaded):
         group = [r for r in loaded if r.task == task]
-        typed_by_run = [set(read_overrides(r.dir)) for r in group]
-        typed = set().union(*typed_by_run)
-        configs = with_gained_keys([{**r.config, SEED: r.seed} for r in group], typed_by_run)
+        configs, typed = comparable_configs(group, [set(read_overrides(r.dir)) for r in group])
         keys = [
             k
             for k in differing_keys(configs, typed=typed)
@@ -337,9 +335,7 @@ def load_runs(paths: str | Path | Iterable[str | Path], window: int = 100) -> pd
     """
     loaded = load(paths, window)
     frames = [run.train for run in loaded]
-    typed_by_run = [set(f.attrs["override_keys"]) for f in frames]
-    typed = set().union(*typed_by_run)
-    configs = with_gained_keys([{**run.config, SEED: run.seed} for run in loaded], typed_by_run)
+    configs, typed = comparable_configs(loaded, [set(f.attrs["override_keys"]) for f in frames])
     swept = [k for k in differing_keys(configs, typed=typed) if not is_run_control(k)]
     setting_keys = [k for k in swept if k != SEED]
     # A column per swept key, with its value in each run (defaults included); a key that clashes
@@ -362,6 +358,13 @@ def load_runs(paths: str | Path | Iterable[str | Path], window: int = 100) -> pd
         df["setting"] = ALL_RUNS
     df.attrs.update(override_keys=keys, swept=swept, swept_keys=setting_keys, window=window)
     return df
+
+
+def comparable_configs(loaded: list, typed_by_run: list) -> tuple[list, set]:
+    """Each run's flattened config with its seed and the keys the code gained since (with_gained_keys),
+    and every key any run typed: what differing_keys compares."""
+    configs = with_gained_keys([{**run.config, SEED: run.seed} for run in loaded], typed_by_run)
+    return configs, set().union(*typed_by_run)
 
 
 def with_gained_keys(configs: list, typed_by_run: list) -> list:
