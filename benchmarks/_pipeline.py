@@ -4,6 +4,8 @@ Env client processes step a zero-cost env (the same frames every step) through t
 code; the ActorPool server answers with a trivial policy in its dynamic batches and assembles the
 unrolls; a learner takes batches as they come (stacks them, as the real learner does) without the
 math, or the real learner (`backend.role=learner`) does. Each measure_* returns the same figures.
+The clients reach the server over gRPC, or (measure_null's transport="shared_memory") as role=all's
+local clients do, through shared memory (local.py).
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ def trivial_policy(num_actions: int):
 class NullLearner:
     """The learner side of poly without the math: the server, central inference, batch stacking."""
 
-    def __init__(self, maker: FixedFrames, args, shards: int = 1):
+    def __init__(self, maker: FixedFrames, args, shards: int = 1, grpc: bool = True):
+        """grpc: serve gRPC clients (else only local clients, started with start_local_clients)."""
         import torch
 
         from torchbeast_hydra.backends.poly import wire
@@ -141,9 +144,10 @@ class NullLearner:
             initial_state=lambda n: (),
             emit=self._enqueue,
         )
-        self.server, port = make_server(self.pool, "127.0.0.1:0", self.max_bytes)
-        self.address = f"127.0.0.1:{port}"
-        self.server.start()
+        if grpc:
+            self.server, port = make_server(self.pool, "127.0.0.1:0", self.max_bytes)
+            self.address = f"127.0.0.1:{port}"
+            self.server.start()
         self._thread.start()
 
     @property
@@ -185,7 +189,8 @@ class NullLearner:
         while self.pool.connected and time.monotonic() < deadline:
             time.sleep(0.05)
         self.inference.close()
-        self.server.stop(grace=1.0).wait()
+        if self.server is not None:
+            self.server.stop(grace=1.0).wait()
         self._thread.join()
 
 
@@ -217,6 +222,17 @@ def start_clients(
     return processes
 
 
+def start_local_clients(maker, pool, clients: int, envs: int) -> list:
+    """Clients on shared memory (role=all's, backend.local_transport=shared_memory), each with the
+    pool's thread that serves it."""
+    import torch.multiprocessing as mp
+
+    from torchbeast_hydra.backends.poly import local
+
+    ctx = mp.get_context("spawn")
+    return [local.start_client(pool, ctx, envs, maker, index) for index in range(clients)]
+
+
 def wait_for_clients(pool, processes: list, timeout: float = 120.0) -> None:
     """Until every client has connected: the warm-up counts from there, not from their start (a
     loaded machine takes seconds to spawn them and import torch)."""
@@ -227,9 +243,19 @@ def wait_for_clients(pool, processes: list, timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-def measure_null(maker, args, clients: int, envs: int, shards: int = 1, newest_frames: bool = True) -> dict:
-    learner = NullLearner(maker, args, shards)
-    processes = start_clients(maker, learner.address, learner.token, clients, envs, learner.max_bytes, newest_frames)
+def measure_null(
+    maker, args, clients: int, envs: int, shards: int = 1, newest_frames: bool = True, transport: str = "grpc"
+) -> dict:
+    local = transport == "shared_memory"
+    if local and shards > 1:
+        raise ValueError("the benchmark's local clients are served by the learner's process: --shards 1")
+    learner = NullLearner(maker, args, shards, grpc=not local)
+    if local:
+        processes = start_local_clients(maker, learner.pool, clients, envs)
+    else:
+        processes = start_clients(
+            maker, learner.address, learner.token, clients, envs, learner.max_bytes, newest_frames
+        )
     try:
         wait_for_clients(learner.pool, processes)
         time.sleep(args.warmup)

@@ -284,14 +284,20 @@ def pipeline_mode(args) -> None:
     )
     extra = "  update us/step  queue" if args.learner == "cli" else ""
     print(
-        f"{'shards':>6} {'frames':>6} {'clients':>7} {'envs/client':>11} {'env-steps/s':>12} {'wall us/step':>12} "
+        f"{'shards':>6} {'path':>6} {'clients':>7} {'envs/client':>11} {'env-steps/s':>12} {'wall us/step':>12} "
         f"{'CPU us/step':>11} {'of it learner process':>21} {'shards':>6} "
         f"{'server us/step':>14} {'server all us/step':>18} {'gather us/step':>14} {'inference batch':>15} "
         f"{'inference host us/step':>22} {'one-GIL ceiling':>15}{extra}"
     )
-    # Rounds alternate the shard counts and frame encodings: other load on the machine hits each alike.
-    for _, shards, frames, clients, envs in itertools.product(
-        range(args.rounds), args.shards, args.frames, args.clients, args.envs
+    # Rounds alternate the shard counts, transports and frame encodings: other load on the machine hits
+    # each alike. Shared memory carries whole stacks: one round of it whatever --frames says.
+    settings = [
+        (transport, frames)
+        for transport in args.transport
+        for frames in (args.frames if transport == "grpc" else ["-"])
+    ]
+    for _, shards, (transport, frames), clients, envs in itertools.product(
+        range(args.rounds), args.shards, settings, args.clients, args.envs
     ):
         newest = frames == "newest"
         if args.learner == "cli":
@@ -299,14 +305,15 @@ def pipeline_mode(args) -> None:
             args.overrides.append(f"backend.server_shards={shards}")
             r = measure_cli(maker, args, clients, envs, newest)
         else:
-            r = measure_null(maker, args, clients, envs, shards, newest)
-        print(_pipeline_line(args, shards, frames, clients, envs, r), flush=True)
+            r = measure_null(maker, args, clients, envs, shards, newest, transport)
+        path = frames if transport == "grpc" else "shm"
+        print(_pipeline_line(args, shards, path, clients, envs, r), flush=True)
 
 
-def _pipeline_line(args, shards: int, frames: str, clients: int, envs: int, r: dict) -> str:
+def _pipeline_line(args, shards: int, path: str, clients: int, envs: int, r: dict) -> str:
     line = (
         # no step in the window (a loaded machine, a short --seconds): no time a step either
-        f"{shards:>6} {frames:>6} {clients:>7} {envs:>11} {r['sps']:>12,.0f} "
+        f"{shards:>6} {path:>6} {clients:>7} {envs:>11} {r['sps']:>12,.0f} "
         f"{_cell(1e6 / r['sps'] if r['sps'] else None, 12, '.1f')} {r['cpu_us']:>11.1f} "
         f"{r['learner_cpu_us']:>21.1f} {_cell(r.get('shards_cpu_us'), 6, '.1f')} "
         f"{_cell(r['server_us'], 14, '.1f')} {_cell(r.get('server_all_us'), 18, '.1f')} "
@@ -402,6 +409,14 @@ def parser() -> argparse.ArgumentParser:
         default=["newest"],
         help="stacks of frames over gRPC: a frame a step where they shift (backend.newest_frames), or whole",
     )
+    pipe.add_argument(
+        "--transport",
+        nargs="+",
+        choices=["grpc", "shared_memory"],
+        default=["grpc"],
+        help="how clients reach the server: gRPC, or shared memory as role=all's local clients (--learner none, "
+        "--shards 1; --frames does not apply)",
+    )
     pipe.add_argument("--rounds", type=int, default=1, help="times to measure each setting, alternating")
     pipe.add_argument("--seconds", type=float, default=15.0)
     pipe.add_argument("--warmup", type=float, default=5.0)
@@ -425,8 +440,11 @@ def parse_args(argv: list) -> argparse.Namespace:
     # Hydra overrides (key=value) may stand anywhere: argparse alone would read `experiment=cartpole`
     # after `--envs 4 64` as a third env count and refuse it.
     overrides = [arg for arg in argv if "=" in arg and not arg.startswith("-")]
-    args = parser().parse_args([arg for arg in argv if arg not in overrides])
+    top = parser()
+    args = top.parse_args([arg for arg in argv if arg not in overrides])
     args.overrides += overrides
+    if "shared_memory" in getattr(args, "transport", []) and (args.learner != "none" or args.shards != [1]):
+        top.error("--transport shared_memory measures the null learner's own local clients: --learner none --shards 1")
     return args
 
 

@@ -42,6 +42,15 @@ def test_hydra_overrides_may_follow_a_list_option(throughput):
     assert (args.clients, args.backend, args.seconds, args.warmup) == ([4, 8], "mono", 40.0, 60.0)
 
 
+def test_shared_memory_pipelines_are_the_null_learners_own(throughput, capsys):
+    args = throughput.parse_args(["pipeline", "--transport", "grpc", "shared_memory", "--frames", "whole"])
+    assert (args.transport, args.frames) == (["grpc", "shared_memory"], ["whole"])
+    for refused in (["--learner", "cli"], ["--shards", "1", "2"]):
+        with pytest.raises(SystemExit) as exited:
+            throughput.parse_args(["pipeline", "--transport", "shared_memory", *refused])
+        assert exited.value.code == 2 and "--learner none --shards 1" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("mode, option", [("train", "--backends"), ("scaling", "--actors"), ("pipeline", "--learner")])
 def test_each_mode_has_help(throughput, capsys, mode, option):
     with pytest.raises(SystemExit) as exited:
@@ -202,19 +211,28 @@ def test_pipeline_mode_runs(tmp_path):
         "--frames",
         "whole",
         "newest",
+        "--transport",
+        "grpc",
+        "shared_memory",
+        "--batch-size",  # a batch every 40 env-steps: a loaded machine still makes some in 2 s
+        "4",
+        "--unroll-length",
+        "10",
         "--warmup",
         "1",
         "--seconds",
         "2",
     ]
-    result = run_command([sys.executable, BENCHMARKS / "throughput.py", *pipeline], timeout=90)
+    result = run_command([sys.executable, BENCHMARKS / "throughput.py", *pipeline], timeout=240)
     assert result.returncode == 0, result.stderr
-    rows = [line.split() for line in result.stdout.splitlines()[-2:]]
+    rows = [line.split() for line in result.stdout.splitlines()[-3:]]
     assert [row[:4] for row in rows] == [
         ["1", "whole", "1", "4"],
         ["1", "newest", "1", "4"],
-    ]  # shards, frames, clients, envs
+        ["1", "shm", "1", "4"],
+    ]  # shards, path (gRPC's frame encoding, or shared memory), clients, envs
     assert all(float(row[4].replace(",", "")) > 0 for row in rows)  # env-steps/s
+    assert all(float(row[9]) > 0 for row in rows)  # the server's CPU an env-step, on either path
 
 
 def test_train_mode_counts_training_time_by_the_runs_own_clock(monkeypatch, tmp_path):

@@ -262,9 +262,16 @@ def test_an_error_reaches_every_caller_and_the_batcher_keeps_serving():
             raise ValueError("negative input")
         return {"y": inputs["x"]}
 
-    batcher = DynamicBatcher(fn, max_batch_size=4, timeout_s=0.01)
+    told = []
+
+    def on_error(error):  # slow to take note: a caller must still not hear of the error before it has
+        time.sleep(0.2)
+        told.append(error)
+
+    batcher = DynamicBatcher(fn, max_batch_size=4, timeout_s=0.01, on_error=on_error)
     with pytest.raises(ValueError, match="negative input"):
         batcher({"x": -torch.ones(1)})
+    assert len(told) == 1 and str(told[0]) == "negative input"  # the owner knew first
     assert batcher({"x": torch.ones(1)})["y"].item() == 1
     batcher.close()
     with pytest.raises(BatcherClosed):

@@ -363,7 +363,7 @@ def test_a_model_whose_outputs_overflow_for_every_env_stops_the_run(pendulum):
     client.outgoing.put(pendulum_step())
     assert refusal(client).code() == grpc.StatusCode.UNAVAILABLE
     assert len(fatal) == 1 and isinstance(fatal[0], BrokenModel)
-    assert "outputs are not finite for any of a batch's 2 envs, nor now for the last batch it answered" in str(fatal[0])
+    assert "outputs are not finite for any of a batch's 2 envs, nor now for a recent batch it answered" in str(fatal[0])
 
 
 def test_observation_statistics_learn_from_validated_steps_only():

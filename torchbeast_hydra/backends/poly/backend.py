@@ -364,8 +364,13 @@ class CentralInference:
     drop them (server.py): one client's extreme observations must not end training for the others.
     A batch fails, and with it the run, only when the model itself is broken: its weights (or
     running statistics) are not finite, or its outputs are not finite for every env of the batch
-    and for the last batch it answered in full too (a lone client's batch says nothing of the model).
+    and for a recent batch it answered in full too (a lone client's batch says nothing of the model).
     """
+
+    # How often a batch answered in full is copied aside for that test. A copy, since a batch may be
+    # views of a local client's shared memory, which its next step overwrites; not every batch's, so
+    # that no step pays for it.
+    KEEP_ANSWERED_S = 1.0
 
     def __init__(self, policy, weights_lock, publisher, device: torch.device, bf16: bool = False):
         self.policy = policy
@@ -375,17 +380,24 @@ class CentralInference:
         # On a GPU, inference has its own stream: it never queues behind the learner's update.
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.device = device
-        self.answered = None  # the last batch whose outputs were finite for every env
+        self.answered = None  # a recent batch whose outputs were finite for every env (a copy)
+        self.answered_at = -float("inf")
 
     def __call__(self, inputs: dict) -> dict:
         """inputs [N, ...] -> actions and policy outputs [N, ...], on the CPU."""
         result = self._forward(inputs)
         finite = finite_rows({key: value.numpy() for key, value in result.items()})
         if finite.all():
-            self.answered = inputs
+            self._keep_answered(inputs)
         else:
             self._stop_if_broken(finite)
         return result
+
+    def _keep_answered(self, inputs: dict) -> None:
+        now = time.monotonic()
+        if now - self.answered_at >= self.KEEP_ANSWERED_S:
+            self.answered = {key: value.clone() for key, value in inputs.items()}
+            self.answered_at = now
 
     def _stop_if_broken(self, finite) -> None:
         broken = self._non_finite_weights()
@@ -398,7 +410,7 @@ class CentralInference:
         if not finite_rows({key: value.numpy() for key, value in again.items()}).all():
             raise BrokenModel(
                 f"central inference: the model's outputs are not finite for any of a batch's {len(finite)} envs, "
-                "nor now for the last batch it answered in full; its weights are finite but must overflow float32"
+                "nor now for a recent batch it answered in full; its weights are finite but must overflow float32"
             )
 
     def _non_finite_weights(self) -> list:

@@ -9,8 +9,9 @@ max_batch_size runs alone.
 Coroutines on an event loop (the gRPC server's, serving.py) submit with infer() and await the
 answer: the worker answers all of a batch's callers on one loop with one wake-up of that loop.
 
-An exception from the evaluated function is answered to every caller of that batch and handed to
-on_error: the owner decides whether the batcher's failure ends its work (poly's inference: it does).
+An exception from the evaluated function is handed to on_error, then answered to every caller of
+that batch: the owner decides whether the batcher's failure ends its work (poly's inference: it
+does), and knows before any caller does.
 """
 
 from __future__ import annotations
@@ -153,10 +154,10 @@ class DynamicBatcher:
             try:
                 outputs = self.fn(self._assemble([request for request, _, _ in batch]))
                 parts = {key: value.split(sizes) for key, value in outputs.items()}
-            except Exception as error:  # answer every caller, then tell the owner
-                _answer([waiter for _, _, waiter in batch], [error] * len(batch))
+            except Exception as error:  # tell the owner, then every caller: none learns of it first
                 if self.on_error is not None:
                     self.on_error(error)
+                _answer([waiter for _, _, waiter in batch], [error] * len(batch))
                 continue
             seconds = time.perf_counter() - started
             answers = [{key: value[i] for key, value in parts.items()} for i in range(len(batch))]
