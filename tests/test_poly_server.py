@@ -353,6 +353,29 @@ def test_a_model_with_non_finite_weights_stops_the_run_naming_them(pendulum):
     assert "the model's weights are not finite (baseline.bias); no client caused it" in str(fatal[0])
 
 
+def test_central_inference_keeps_a_copy_of_a_batch_it_answered_in_full_not_the_clients_memory(monkeypatch):
+    """A local client's batch is a view of its shared memory, which its next step overwrites: what
+    central inference keeps to test the model again is a copy, taken at most once a second."""
+    central = CentralInference(mlp_policy(), threading.Lock(), publisher=None, device=torch.device("cpu"))
+    inputs = {
+        "frame": torch.ones(2, *PENDULUM.obs_shape),
+        "reward": torch.zeros(2),
+        "done": torch.zeros(2, dtype=torch.bool),
+        "last_action": torch.zeros(2, *PENDULUM.actions.step_shape),
+    }
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    central(inputs)
+    inputs["frame"].fill_(7.0)  # the client's next step, written where the last one was
+    assert central.answered["frame"].eq(1.0).all()
+    clock[0] += 0.5
+    central(inputs)
+    assert central.answered["frame"].eq(1.0).all(), "within the second: no new copy"
+    clock[0] += 0.6
+    central(inputs)
+    assert central.answered["frame"].eq(7.0).all()
+
+
 def test_a_model_whose_outputs_overflow_for_every_env_stops_the_run(pendulum):
     _, port, _, fatal, policy = pendulum
     client = connected(port)
