@@ -33,24 +33,33 @@ OBS = dict(pong=((4, 84, 84), "uint8", 6), cartpole=((4,), "float32", 2), float6
 
 
 class FixedFrames:
-    """A zero-cost env maker for EnvClient: the same frames every step, no episode ever ends."""
+    """A zero-cost env maker for EnvClient: the same frames every step. Episodes never end, or, with
+    episode_steps, end after a length drawn around it (half to one and a half times), so that envs
+    fall out of step as real ones do (each env's unrolls then end at steps of their own)."""
 
-    def __init__(self, obs_shape: tuple, obs_dtype: str, num_actions: int):
+    def __init__(self, obs_shape: tuple, obs_dtype: str, num_actions: int, episode_steps: int = 0):
         from torchbeast_hydra.env.spaces import EnvSpec
 
         self.spec = EnvSpec.box(tuple(obs_shape), np.dtype(obs_dtype), num_actions)
+        self.episode_steps = episode_steps
 
     def __call__(self, num_envs: int, seed: int):
-        return _Fixed(self.spec, num_envs)
+        return _Fixed(self.spec, num_envs, self.episode_steps, seed)
 
 
 class _Fixed:
-    def __init__(self, spec, n: int):
+    def __init__(self, spec, n: int, episode_steps: int = 0, seed: int = 0):
         from torchbeast_hydra.env import layout
 
         self.out = layout.env_outputs(spec, n)  # the env keys, as real envs have them
         self.out["frame"][:] = 7
         self.out["done"][:] = False
+        self.episode_steps = episode_steps
+        self.rng = np.random.default_rng(seed)
+        self.lengths = self._lengths(n)
+
+    def _lengths(self, n: int) -> np.ndarray:
+        return self.rng.integers(self.episode_steps // 2, self.episode_steps * 3 // 2 + 1, n)
 
     def initial(self) -> dict:
         return self.out
@@ -58,6 +67,11 @@ class _Fixed:
     def step(self, actions) -> dict:
         self.out["last_action"][:] = actions
         self.out["episode_step"] += 1
+        if self.episode_steps:
+            ended = self.out["episode_step"] >= self.lengths
+            self.out["done"][:] = self.out["episode_end"][:] = ended
+            self.out["episode_step"][ended] = 0
+            self.lengths[ended] = self._lengths(int(ended.sum()))
         return self.out
 
     def close(self) -> None:

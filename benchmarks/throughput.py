@@ -271,7 +271,7 @@ def _cell(value: float | None, width: int, spec: str) -> str:
 def pipeline_mode(args) -> None:
     from _pipeline import FixedFrames, measure_cli, measure_null
 
-    maker = FixedFrames(*OBS[args.obs])
+    maker = FixedFrames(*OBS[args.obs], episode_steps=args.episode_steps)
     print(f"machine: {platform_line()}; load average {os.getloadavg()[0]:.1f} at the start")
     shape = (
         f"B={args.batch_size}, T={args.unroll_length}, max_batch_size={args.max_batch_size}"
@@ -280,7 +280,9 @@ def pipeline_mode(args) -> None:
     )
     print(
         f"pipeline: {args.obs} frames {list(maker.spec.obs_shape)} {maker.spec.leaves[0].dtype}, "
-        f"learner={args.learner}, {shape}, {args.warmup:g} s warm-up + {args.seconds:g} s"
+        f"learner={args.learner}, {shape}, "
+        f"episodes {f'of ~{args.episode_steps} steps' if args.episode_steps else 'never end'}, "
+        f"{args.warmup:g} s warm-up + {args.seconds:g} s"
     )
     extra = "  update us/step  queue" if args.learner == "cli" else ""
     print(
@@ -393,6 +395,12 @@ def parser() -> argparse.ArgumentParser:
         choices=["none", "cli"],
         default="none",
         help="none: batches stacked and dropped; cli: the real learner with the overrides",
+    )
+    pipe.add_argument(
+        "--episode-steps",
+        type=int,
+        default=0,
+        help="envs end episodes after ~this many steps each (0: never), falling out of step as real envs do",
     )
     pipe.add_argument("--batch-size", type=int, default=8)
     pipe.add_argument("--unroll-length", type=int, default=80)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
+import numpy as np
 import pytest
 
 from torchbeast_hydra.run import thread_trial
@@ -242,3 +243,17 @@ def test_train_mode_counts_training_time_by_the_runs_own_clock(monkeypatch, tmp_
     assert common._trained_for(tmp_path / "not yet") is None
     write_run(tmp_path / "run", [], 1, [(640, [1.0], 0.5), (1280, [2.0], 0.4)], steps_per_s=64)
     assert common._trained_for(tmp_path / "run") == 20.0
+
+
+def test_the_pipelines_envs_end_episodes_out_of_step_when_asked(monkeypatch):
+    pipeline = import_benchmark(monkeypatch, "_pipeline")
+    actions = np.zeros(4, np.int64)
+    never = pipeline.FixedFrames((4,), "float32", 2)(4, seed=0)
+    assert not any(never.step(actions)["done"].any() for _ in range(100))
+    envs = pipeline.FixedFrames((4,), "float32", 2, episode_steps=10)(4, seed=0)
+    ends = np.array([envs.step(actions)["done"].copy() for _ in range(200)])
+    assert (ends.sum(axis=0) >= 200 // 15).all() and (ends.sum(axis=0) <= 200 // 5).all()  # lengths 5 to 15
+    firsts = {int(np.flatnonzero(ends[:, env])[0]) for env in range(4)}
+    assert len(firsts) > 1, "the envs' episodes end at steps of their own"
+    out = envs.step(actions)
+    assert (out["episode_end"] == out["done"]).all()  # a whole game ends: no truncation here
