@@ -14,6 +14,8 @@
     python benchmarks/throughput.py pipeline --obs float64 --clients 1   # the server's float range check
     python benchmarks/throughput.py pipeline --shards 1 2 --rounds 3 --envs 16   # the server in 1 and 2 processes
     python benchmarks/throughput.py pipeline --frames whole newest --envs 16     # stacks whole, or a frame a step
+    python benchmarks/throughput.py pipeline --transport grpc shared_memory --envs 16   # role=all's local path too
+    python benchmarks/throughput.py pipeline --transport shared_memory --episode-steps 1000   # envs out of step
     python benchmarks/throughput.py envs                  # the raw env rate of each engine (env.engine)
     python benchmarks/throughput.py envs --engines native envpool --ids ALE/Pong-v5 --rounds 5
     python benchmarks/throughput.py envs --processes 16 --seconds 3   # a 16-core machine, a process a core
@@ -38,10 +40,13 @@ pipeline: isolates our overhead from env and model cost. Env client processes st
 env (the same Pong-shaped frames, 4x84x84 uint8, every step) through the real client code; the
 ActorPool server answers with a trivial policy in its dynamic batches and assembles the unrolls;
 a learner takes batches as they come (stacks them, as the real learner does) without the math.
-Prints the ceiling in env-steps/s, wall microseconds per env-step and CPU microseconds per
-env-step (all processes; the figure that stays comparable when other work shares the machine),
-and the one-GIL ceiling: 1e6 / the CPU per env-step of the busiest server process (the learner's,
-or with --shards a shard's), the rate at which that process would fill its one core.
+The clients connect over gRPC, or with --transport shared_memory as role=all's local clients do;
+their envs never end an episode unless --episode-steps says when (then each env's unrolls end at
+steps of their own, as real envs' do after their first episode). Prints the ceiling in
+env-steps/s, wall microseconds per env-step and CPU microseconds per env-step (all processes;
+the figure that stays comparable when other work shares the machine), and the one-GIL ceiling:
+1e6 / the CPU per env-step of the busiest server process (the learner's, or with --shards a
+shard's), the rate at which that process would fill its one core.
 --learner cli runs the real learner instead (`backend.role=learner` with the given overrides;
 model=trivial_frames, from benchmarks/conf, is a policy that costs the learner next to nothing).
 
