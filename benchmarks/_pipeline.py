@@ -181,8 +181,10 @@ class NullLearner:
     def take_inference_stats(self) -> list:
         return (self.sharded.central if self.sharded else self.inference).take_stats()
 
-    def _enqueue(self, rollouts, core_state) -> None:
-        self.rollouts.put(rollouts, core_state, self.stopping)
+    def _enqueue(self, rollouts, core_state, release=None) -> None:
+        self.rollouts.put(rollouts, core_state, self.stopping, release, scarce=False)
+
+    _enqueue.takes_buffers = True  # as the backend's: sessions lend whole chunks (rollouts.py)
 
     def _learn(self) -> None:
         while True:
@@ -302,7 +304,8 @@ def measure_null(
         shards_cpu_us=sum(each_shard) * per_step,
         # What the busiest of the server's processes allows, each holding one GIL (its CPU per env-step
         # of all clients: 1e6 / that is the rate at which it would fill one core).
-        ceiling=1e6 / (max([own, *each_shard]) * per_step),
+        # (0 where no CPU tick was counted: a window too short on a loaded machine)
+        ceiling=1e6 / busiest if (busiest := max([own, *each_shard]) * per_step) else 0.0,
         gather_us=1e6 * gather / max(steps, 1),
         inference_batch=np.mean([size for size, _, _ in inference]) if inference else 0.0,
         # central inference's host work (its thread's CPU for each batch), per env-step it answered

@@ -359,7 +359,7 @@ def test_envs_that_finish_together_leave_in_chunks_of_at_most_chunk_size():
     assert first["frame"][:, :, 0].tolist() == [[0, 100], [1, 101], [2, 102]]
 
 
-def test_a_reset_cuts_a_partial_rollout_and_the_next_starts_from_it():
+def test_a_reset_cuts_a_partial_rollout_and_the_env_goes_on_in_step():
     steps = Steps(num_envs=2, unroll_length=4)
     steps.step()
     steps.step()
@@ -368,12 +368,41 @@ def test_a_reset_cuts_a_partial_rollout_and_the_next_starts_from_it():
     rollout, _ = steps.emitted[0]
     assert rollout["mask"].tolist() == [True, True, True, False, False]
     assert rollout["frame"][:3, 0].tolist() == [100, 101, 102]
+    steps.step()
+    steps.step()  # row 4: both envs' unrolls end together
+    (env0, _), (env1, _) = steps.emitted[1:]
+    assert env0["frame"][:, 0].tolist() == [0, 1, 2, 3, 4] and env0["mask"].all()
+    # env 1's rows after its reset: rows 1 and 2 went with the partial rollout
+    assert env1["frame"][:, 0].tolist() == [100, 101, 102, 103, 104]
+    assert env1["mask"].tolist() == [True, False, False, True, True]
     for _ in range(4):
-        steps.step()  # env 0 fills rows 3, 4; env 1 rows 1..4 of its new unroll
-    env0, env1 = steps.emitted[1], steps.emitted[2]
-    assert env0[0]["frame"][:, 0].tolist() == [0, 1, 2, 3, 4]
-    assert env1[0]["frame"][:, 0].tolist() == [102, 103, 104, 105, 106]
-    assert env1[0]["mask"].all()
+        steps.step()
+    (env0, _), (env1, _) = steps.emitted[3:]
+    assert env1["frame"][:, 0].tolist() == [104, 105, 106, 107, 108] and env1["mask"].all()
+
+
+def test_rows_masked_before_a_reset_teach_what_the_same_rows_alone_would():
+    """The unroll an env ends after a reset (masked rows first) gives the learner the losses of its
+    real rows alone, padded after: masked rows are padding wherever they are."""
+    steps = Steps(num_envs=1, unroll_length=4)
+    for t in range(5):
+        steps.step(episode_end=[0] if t == 2 else [])
+    (_, _), (after, _) = steps.chunks
+    assert after["mask"][:, 0].tolist() == [True, False, False, True, True]
+    alone = {key: torch.cat([value[2:], value[2:3].expand(2, *value.shape[1:])]) for key, value in after.items()}
+    alone["mask"] = torch.tensor([[True], [True], [True], [False], [False]])
+    torch.manual_seed(0)
+    logits, values = torch.randn(5, 1, 2), torch.randn(5, 1)
+    cfg = OmegaConf.structured(VtraceConfig(discounting=0.9, entropy_cost=0.01))
+
+    def losses(batch, rows):
+        outputs = dict(policy_logits=torch.cat([logits[rows][1:], logits[rows][:1]]), baseline=values[rows])
+        return compute_losses(cfg, batch, outputs)
+
+    masked_first = losses(after, [0, 1, 2, 3, 4])
+    real_alone = losses(alone, [2, 3, 4, 0, 1])  # the same outputs on the same real rows
+    for key in ("pg_loss", "baseline_loss", "entropy_loss"):
+        assert masked_first[key].item() == pytest.approx(real_alone[key].item(), rel=1e-5), key
 
 
 def test_without_cut_at_reset_unrolls_span_episodes():
@@ -401,6 +430,68 @@ def test_core_state_recorded_is_the_state_before_row_zero():
         steps.step(state=(torch.full((1, 3), float(t)),))
     states = [state[0].tolist() for _, state in steps.emitted]
     assert states == [[0.0] * 3, [2.0] * 3]  # the initial state; then the one before row 2's frame
+
+
+class Lending(Steps):
+    """Steps whose emitter takes buffers, as the learner's queue does: lent chunks keep their release."""
+
+    def __init__(self, **kwargs):
+        self.releases = []
+        super().__init__(**kwargs)
+
+    def receive(self, rollouts, state, release=None):
+        super().receive(rollouts, state)
+        self.releases.append(release)
+
+    receive.takes_buffers = True
+
+
+def test_envs_that_end_together_lend_their_rows_whole_and_refill_rows_given_back():
+    steps = Lending(num_envs=4, unroll_length=2, chunk_size=2)
+    rows = steps.builder.rows["frame"]
+    for _ in range(3):  # rows 0..2: every env's first unroll ends at once
+        steps.step()
+    (first, _), (second, _) = steps.chunks
+    # Each group's rows as they are, no copy: the chunk is the builder's memory, and contiguous.
+    assert first["frame"].data_ptr() == rows[0].ctypes.data and second["frame"].data_ptr() == rows[1].ctypes.data
+    assert first["frame"].is_contiguous() and first["mask"].all()
+    assert first["frame"][:, :, 0].tolist() == [[0, 100], [1, 101], [2, 102]]
+    assert second["frame"][:, :, 0].tolist() == [[200, 300], [201, 301], [202, 302]]
+    steps.step()  # the next unrolls go into fresh rows: the lent ones are not written
+    assert first["frame"][:, :, 0].tolist() == [[0, 100], [1, 101], [2, 102]]
+    # Given back only once both chunks are released; the builder fills them again at its next lend.
+    steps.releases[0]()
+    assert steps.builder._given_back == []
+    steps.releases[1]()
+    steps.step()  # rows 2..4 end together: lent (fresh rows), and the given-back rows are filled next
+    third = steps.chunks[2][0]
+    assert third["frame"][:, :, 0].tolist() == [[2, 102], [3, 103], [4, 104]]  # row 0 from the lent rows
+    assert third["frame"].data_ptr() not in (rows[0].ctypes.data, rows[1].ctypes.data)
+    assert steps.builder.rows["frame"] is rows
+    for _ in range(2):
+        steps.step()
+    fifth, sixth = steps.chunks[4][0], steps.chunks[5][0]
+    assert fifth["frame"].data_ptr() == rows[0].ctypes.data
+    assert fifth["frame"][:, :, 0].tolist() == [[4, 104], [5, 105], [6, 106]]
+    assert sixth["frame"][:, :, 0].tolist() == [[204, 304], [205, 305], [206, 306]]
+
+
+def test_a_reset_hands_on_a_copy_and_the_unroll_ending_later_is_still_lent():
+    steps = Lending(num_envs=4, unroll_length=3, chunk_size=2)
+    steps.step()
+    steps.step(episode_end=[1])  # env 1 alone: a partial rollout, copied out of its group's rows
+    ((cut, _),) = steps.chunks
+    assert steps.releases == [None] and cut["frame"][:2, 0, 0].tolist() == [100, 101]
+    assert cut["mask"][:, 0].tolist() == [True, True, False, False]
+    rows = steps.builder.rows["frame"]
+    steps.step()
+    steps.step()  # row 3: every env's unroll ends, env 1's after its reset: lent all the same
+    assert len(steps.chunks) == 3 and None not in steps.releases[1:]
+    first = steps.chunks[1][0]
+    assert first["frame"].data_ptr() == rows[0].ctypes.data
+    assert first["frame"][:, :, 0].T.tolist() == [[0, 1, 2, 3], [100, 101, 102, 103]]
+    assert first["mask"].T.tolist() == [[True] * 4, [True, False, True, True]]
+    assert cut["frame"][:2, 0, 0].tolist() == [100, 101]  # the partial is a copy: unchanged
 
 
 def test_partial_rollout_vtrace_target_matches_a_hand_computation():
@@ -512,3 +603,21 @@ def test_a_shards_slot_is_given_back_once_copied_or_once_a_lent_batch_is_done():
     rollouts.put(*chunk(7, 1), stopping, release=lambda: released.append("d"))
     rollouts.get_batch(1, lambda: False)  # the learner is done with c
     assert released[:3] == ["a", "b", "c"]
+
+
+def test_a_sessions_lent_rows_are_read_in_place_and_given_back_once_the_learner_is_done():
+    rollouts = RolloutQueue(capacity=100)
+    released = []
+    stopping = threading.Event()
+    a, b = chunk(0, 3), chunk(3, 2)
+    rollouts.put(*a, stopping, release=lambda: released.append("a"), scarce=False)
+    rollouts.put(*b, stopping, release=lambda: released.append("b"), scarce=False)
+    batch, _ = rollouts.get_batch(2, lambda: False)  # part of a: its rows in place, not copied
+    assert batch["frame"].data_ptr() == a[0]["frame"].data_ptr() and released == []
+    batch, _ = rollouts.get_batch(2, lambda: False)  # the rest of a and part of b, joined: a is back
+    assert released == ["a"] and batch["frame"][0].tolist() == [2, 3]
+    batch, _ = rollouts.get_batch(1, lambda: False)  # the rest of b, in place: back at the next batch
+    assert released == ["a"] and batch["frame"].data_ptr() == b[0]["frame"][:, 1:].data_ptr()
+    rollouts.put(*chunk(5, 1), stopping)
+    rollouts.get_batch(1, lambda: False)
+    assert released == ["a", "b"]

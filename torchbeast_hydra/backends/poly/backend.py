@@ -225,9 +225,12 @@ class PolyBeast(Backend):
         """backend.synchronous: a session waits at its unrolls' end for weights newer than version."""
         self.publisher.wait_for_newer(version, self.pool.stopping)
 
-    def _enqueue(self, rollouts: dict, core_state: tuple) -> None:
-        """Hands rollouts to the learner; waits while its queue is full (back-pressure)."""
-        self.rollouts.put(rollouts, core_state, self.pool.stopping)
+    def _enqueue(self, rollouts: dict, core_state: tuple, release=None) -> None:
+        """Hands rollouts to the learner; waits while its queue is full (back-pressure). release: the
+        rollouts are a session's rows, lent (RolloutBuilder), to be given back once taken."""
+        self.rollouts.put(rollouts, core_state, self.pool.stopping, release, scarce=False)
+
+    _enqueue.takes_buffers = True
 
     # -- what Backend asks for ---------------------------------------------------------------
 

@@ -2,15 +2,16 @@
 
 Rows follow the shared rollout layout (layout.py, learner.py): row t+1 holds an env's response to the
 action chosen at row t, together with that action and the policy outputs that chose it, and
-row 0 repeats the previous unroll's last row. An unroll is handed on when it has T steps, when
-its env resets (with cut_at_reset) or when the client leaves; the last two are partial rollouts,
-padded to T steps and masked.
+row 0 repeats the previous unroll's last row.
 
-Envs that finish together (a client's envs step in lockstep, so most do) are handed on in
-chunks [T+1, k, ...] of up to chunk_size envs (the learner's batch size), each cut from the
-client's rows in one copy; the learner takes its batches as column slices of the chunks, so a
-batch that is one chunk costs no further copy. (Chunks no larger than a batch also keep each
-allocation small enough for the C allocator to reuse freed memory rather than map fresh pages.)
+A client's envs stay in step: every T steps all their unrolls end together and are handed on, in
+chunks [T+1, k, ...] of up to chunk_size envs (the learner's batch size). Where chunk_size divides
+the envs, the rows themselves are lent, no copy: the learner's queue hands a chunk out as a batch
+as it is and gives the rows back for the builder to fill again. An env whose episode ends
+(cut_at_reset) is handed on at once, copied, as a partial rollout whose mask marks its rows up to
+the reset; it goes on in step, and the unroll it ends at row T marks only the rows after its reset
+(the learner reads masked rows as padding, whether they come before or after the real ones). A
+client that leaves hands on its envs' unfinished rows likewise, as partial rollouts.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import torch
 
 from torchbeast_hydra.env.layout import AGENT_KEYS
 
-# (rollouts [T+1, k, ...] tensors, each env's core state before row 0 [k, ...])
-Emit = Callable[[dict, tuple], None]
+# (rollouts [T+1, k, ...] tensors, each env's core state before row 0 [k, ...]); an emitter with
+# takes_buffers = True is also passed, for rows lent to it, the release to call when done with them.
+Emit = Callable[..., None]
 
 
 class RolloutBuilder:
@@ -48,17 +50,30 @@ class RolloutBuilder:
         # An emitter that copies what it is given before it returns (a shard's: shards.SharedEmit)
         # gets views of the rows, which the builder then overwrites: one copy, not two.
         self.emit_takes_views = getattr(emit, "takes_views", False)
-        self.envs = np.arange(num_envs)
-        self.rows = {
-            key: np.zeros((unroll_length + 1, num_envs, *shape), _numpy_dtype(dtype))
+        # The rows are [G, T+1, W, ...]: the envs in G groups of W columns, each group's rows
+        # contiguous. W is chunk_size where it divides the envs: each group's rows are then a whole
+        # chunk, and an emitter that takes buffers (emit(rollouts, state, release): the learner's
+        # queue) is lent them as they are, while the builder goes on in rows given back by release,
+        # or fresh ones. No copy.
+        self.width = chunk_size if num_envs % chunk_size == 0 else num_envs
+        self.groups = num_envs // self.width
+        self.lends = getattr(emit, "takes_buffers", False) and self.width == chunk_size
+        self.layout = {
+            key: ((self.groups, unroll_length + 1, self.width, *shape), _numpy_dtype(dtype))
             for key, (shape, dtype) in specs.items()
             if key != "mask"
         }
+        self._given_back = []  # lent rows, back from the emitter (appended from the learner's thread)
+        self.rows = self._blank_rows()
         # ENV_KEYS, with the observation's leaves (layout.env_keys) in frame's place.
         self.env_keys = tuple(key for key in self.rows if key not in AGENT_KEYS)
-        self.cursor = np.full(num_envs, -1)  # each env's last written row
+        self.envs = np.arange(num_envs)
+        self.t = -1  # the last row written: the envs stay in step, resets or not
+        # The row each env's current segment starts from: 0, or the row its episode last reset at
+        # (cut_at_reset): the rows up to it were handed on already, as a partial rollout.
+        self.start = np.zeros(num_envs, np.int64)
         # The policy outputs that chose the envs' current actions; they go into the next row.
-        self.agent = {key: np.zeros_like(self.rows[key][0]) for key in AGENT_KEYS}
+        self.agent = {key: np.zeros((num_envs, *self.layout[key][0][3:]), self.layout[key][1]) for key in AGENT_KEYS}
         self.start_state = tuple(s.clone() for s in initial_state)
         self._times = np.arange(unroll_length + 1)[:, None]
 
@@ -67,26 +82,19 @@ class RolloutBuilder:
 
         core_state: each env's state before it sees this row's frame, [num_envs, ...].
         """
-        self.cursor += 1
-        t = self.cursor
-        if (t == t[0]).all():  # envs in step (the common case): a basic slice, no gather
-            t0 = int(t[0])
-            for key in self.env_keys:
-                self.rows[key][t0] = env_outputs[key]
-            for key in AGENT_KEYS:
-                self.rows[key][t0] = self.agent[key]
-        else:
-            for key in self.env_keys:
-                self.rows[key][t, self.envs] = env_outputs[key]
-            for key in AGENT_KEYS:
-                self.rows[key][t, self.envs] = self.agent[key]
-        full = t == self.unroll_length
-        if self.cut_at_reset:
-            full |= env_outputs["episode_end"] & (t > 0)
-        ending = np.flatnonzero(full)
-        if len(ending):
-            self._emit(ending)
-            self._restart(ending, core_state)
+        self.t += 1
+        t = self.t
+        for key in self.env_keys:
+            self.rows[key][:, t] = self._grouped(env_outputs[key])
+        for key in AGENT_KEYS:
+            self.rows[key][:, t] = self._grouped(self.agent[key])
+        if t == self.unroll_length:
+            self._end_unrolls(core_state)
+        elif self.cut_at_reset and t > 0:
+            resets = np.flatnonzero(env_outputs["episode_end"])
+            if len(resets):  # partial rollouts: these envs' rows up to t; their next segments start at t
+                self._emit(resets)
+                self.start[resets] = t
 
     def set_agent_outputs(self, outputs: dict) -> None:
         """The policy's outputs for the row just added (numpy arrays [num_envs, ...])."""
@@ -95,43 +103,94 @@ class RolloutBuilder:
 
     def flush(self) -> int:
         """Hands on every env's unfinished unroll (the client is leaving); returns how many."""
-        unfinished = np.flatnonzero(self.cursor >= 1)
+        unfinished = np.flatnonzero(self.start < self.t)
         if len(unfinished):
             self._emit(unfinished)
-        self.cursor[:] = -1
+        self.t = -1
         return len(unfinished)
 
     def discard(self) -> int:
         """Forgets every env's unfinished unroll (its client was refused: none of it may reach the
         learner); returns how many there were."""
-        unfinished = int((self.cursor >= 1).sum())
-        self.cursor[:] = -1
+        unfinished = int((self.start < self.t).sum())
+        self.t = -1
         return unfinished
 
-    def _emit(self, envs: np.ndarray) -> None:
-        for first in range(0, len(envs), self.chunk_size):
-            self._emit_chunk(envs[first : first + self.chunk_size])
+    def _grouped(self, array: np.ndarray) -> np.ndarray:
+        """[N, ...] -> [G, W, ...], as the rows' groups."""
+        return array.reshape(-1, self.width, *array.shape[1:])
 
-    def _emit_chunk(self, envs: np.ndarray) -> None:
-        a, b = int(envs[0]), int(envs[-1]) + 1
-        if b - a == len(envs) and self.emit_takes_views:  # the emitter copies: views it is
-            rollouts = {key: torch.from_numpy(rows[:, a:b]) for key, rows in self.rows.items()}
-        elif b - a == len(envs):  # a run of envs: a plain slice (a view), copied once
-            rollouts = {key: torch.from_numpy(rows[:, a:b].copy()) for key, rows in self.rows.items()}
-        else:  # fancy indexing copies already
-            rollouts = {key: torch.from_numpy(rows[:, envs]) for key, rows in self.rows.items()}
-        index = torch.from_numpy(envs)
-        rollouts["mask"] = torch.from_numpy(self._times <= self.cursor[envs])
-        self.emit(rollouts, tuple(s[index] for s in self.start_state))
+    def _blank_rows(self) -> dict:
+        if self._given_back:
+            return self._given_back.pop()
+        return {key: np.zeros(shape, dtype) for key, (shape, dtype) in self.layout.items()}
 
-    def _restart(self, envs: np.ndarray, core_state: tuple) -> None:
-        t = self.cursor[envs]
-        for rows in self.rows.values():
-            rows[0, envs] = rows[t, envs]
-        self.cursor[envs] = 0
-        index = torch.from_numpy(envs)
+    def _end_unrolls(self, core_state: tuple) -> None:
+        """Row T: every env's unroll ends. Handed on, lent whole where the emitter takes buffers;
+        the next unrolls start from row T, in the state the envs are in now."""
+        ended = self.rows
+        if self.lends:
+            self.rows = self._blank_rows()
+            release = _Countdown(self.groups, lambda: self._given_back.append(ended))
+            for g in range(self.groups):
+                rollouts = {key: torch.from_numpy(rows[g]) for key, rows in ended.items()}
+                self._emit_rollouts(rollouts, self.envs[g * self.width : (g + 1) * self.width], release)
+        else:
+            self._emit(self.envs)
+        for key, rows in self.rows.items():
+            rows[:, 0] = ended[key][:, self.t]
+        self.t = 0
+        self.start[:] = 0
         for start, state in zip(self.start_state, core_state):
-            start[index] = state[index]
+            start.copy_(state)
+
+    def _emit(self, envs: np.ndarray) -> None:
+        """Hands on these envs' unrolls, copied out of the rows, in chunks of at most chunk_size envs
+        of one group each."""
+        groups = envs // self.width
+        for g in np.unique(groups):
+            members = envs[groups == g]
+            for first in range(0, len(members), self.chunk_size):
+                self._emit_chunk(int(g), members[first : first + self.chunk_size])
+
+    def _emit_chunk(self, g: int, envs: np.ndarray) -> None:
+        columns = envs - g * self.width
+        a, b = int(columns[0]), int(columns[-1]) + 1
+        if b - a == len(envs) and self.emit_takes_views:  # the emitter copies: views it is
+            rollouts = {key: torch.from_numpy(rows[g, :, a:b]) for key, rows in self.rows.items()}
+        elif b - a == len(envs):  # a run of envs: a plain slice (a view), copied once
+            rollouts = {key: torch.from_numpy(rows[g, :, a:b].copy()) for key, rows in self.rows.items()}
+        else:  # fancy indexing copies already
+            rollouts = {key: torch.from_numpy(rows[g][:, columns]) for key, rows in self.rows.items()}
+        self._emit_rollouts(rollouts, envs)
+
+    def _emit_rollouts(self, rollouts: dict, envs: np.ndarray, release=None) -> None:
+        """With the mask: each env's real rows are those after its segment's start, up to now (row 0,
+        which the learner reads only as the first row's predecessor, is marked too)."""
+        mask = (self._times > self.start[envs]) & (self._times <= self.t)
+        mask[0] = True
+        rollouts["mask"] = torch.from_numpy(mask)
+        index = torch.from_numpy(envs)
+        state = tuple(s[index] for s in self.start_state)  # copies: start_state is overwritten next
+        if release is None:
+            self.emit(rollouts, state)
+        else:
+            self.emit(rollouts, state, release)
+
+
+class _Countdown:
+    """A release called once per chunk lent: calls done when the last of them has been."""
+
+    def __init__(self, left: int, done: Callable[[], None]):
+        self.left, self.done = left, done
+        self._lock = threading.Lock()  # the learner gives back while a session may stop the queue
+
+    def __call__(self) -> None:
+        with self._lock:
+            self.left -= 1
+            last = self.left == 0
+        if last:
+            self.done()
 
 
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
@@ -157,17 +216,20 @@ class RolloutQueue:
         self._size = 0
         self._changed = threading.Condition()
         self.assembly_s = 0.0  # time the last get_batch spent cutting and joining
-        # A shard's slot handed out as a whole batch without a copy: given back at the next get_batch,
-        # when the (one) learner thread is done with it.
-        self._lent = None
+        # The releases of lent chunks handed out as views (a batch that is one chunk): called at the
+        # next get_batch, when the (one) learner thread is done with them.
+        self._lent = []
 
     def qsize(self) -> int:
         return self._size
 
-    def put(self, rollouts: dict, state: tuple, stopping: threading.Event, release=None) -> None:
+    def put(self, rollouts: dict, state: tuple, stopping: threading.Event, release=None, scarce=True) -> None:
         """Queues a chunk; waits while the queue is full, unless stopping is set. release: the chunk's
-        tensors are a server shard's slot (shards.py): get_batch copies what it takes of them, and
-        calls release once it has taken all."""
+        tensors are lent (a server shard's slot, shards.py, or a session's rows, RolloutBuilder), to
+        be given back through release once the learner is done with them. scarce: the lender has a
+        fixed few (a shard's slots), so what a batch takes of them is copied out at once and they go
+        back as soon as wholly taken, unless the chunk is a whole batch; else (a session's rows)
+        they are read in place, joined into the batch like any chunk."""
         with self._changed:
             while self._size >= self.capacity and not stopping.is_set():
                 self._changed.wait(timeout=0.5)
@@ -175,18 +237,19 @@ class RolloutQueue:
                 if release is not None:
                     release()
                 return
-            self._chunks.append([rollouts, state, 0, release])
+            self._chunks.append([rollouts, state, 0, release, scarce])
             self._size += width(rollouts)
             self._changed.notify_all()
 
     def get_batch(self, batch_size: int, done: Callable[[], bool]):
         """B rollouts as (batch [T+1, B, ...], core state [layers, B, ...]); None once done()."""
         pieces = []
+        taken = []  # the releases of lent chunks this batch took the last of
         needed = batch_size
         copying = 0.0  # seconds copying out of shards' slots
-        if self._lent is not None:  # the learner is done with the batch it was lent last time
-            self._lent, lent = None, self._lent
-            lent()
+        lent, self._lent = self._lent, []
+        for release in lent:  # the learner is done with the batch it was lent last time
+            release()
         with self._changed:
             while needed:
                 while not self._chunks:
@@ -194,28 +257,34 @@ class RolloutQueue:
                         return None
                     self._changed.wait(timeout=0.2)
                 chunk = self._chunks[0]
-                rollouts, state, first, release = chunk
+                rollouts, state, first, release, scarce = chunk
                 take = min(needed, width(rollouts) - first)
                 chunk[2] += take
-                if release is None:
-                    pieces.append((rollouts, state, first, first + take))
-                elif take == width(rollouts) == needed and not self.pin:  # a whole batch: lent as it is
-                    pieces.append((rollouts, state, first, first + take))
-                    self._lent, release = release, None
-                else:  # a shard's slot: copied out at once, and given back once wholly taken
+                whole_batch = take == width(rollouts) == needed and not self.pin
+                if chunk[2] == width(rollouts):
+                    self._chunks.popleft()
+                if release is not None and scarce and not whole_batch:
+                    # a shard's slot: copied out at once, and given back once wholly taken
                     copy_started = time.perf_counter()
                     pieces.append((*_taken(rollouts, state, first, first + take, self.pin), 0, take))
                     copying += time.perf_counter() - copy_started
-                if chunk[2] == width(rollouts):
-                    self._chunks.popleft()
-                    if release is not None:
+                    if chunk[2] == width(rollouts):
                         release()
+                else:
+                    pieces.append((rollouts, state, first, first + take))
+                    if release is not None and chunk[2] == width(rollouts):
+                        taken.append(release)
                 self._size -= take
                 needed -= take
             self._changed.notify_all()
         started = time.perf_counter()
         columns = [{key: value[:, a:b] for key, value in rollouts.items()} for rollouts, _, a, b in pieces]
         batch = _join(columns, 1, self.pin)
+        if batch is columns[0]:  # views of one chunk: given back once the learner is done with them
+            self._lent = taken
+        else:  # joined into a batch of its own
+            for release in taken:
+                release()
         states = _join([tuple(s[a:b] for s in state) for _, state, a, b in pieces], 0, False)
         result = batch, tuple(_copy(s.transpose(0, 1), self.pin) for s in states)
         self.assembly_s = time.perf_counter() - started + copying

@@ -415,7 +415,7 @@ class Session:
         inputs = self._inputs(env_outputs)
         arrays = self._answered(_inference(self.inference, inputs))
         # Only now, answered with finite outputs, does the step enter the unrolls (and maybe end one).
-        ends = (self.builder.cursor + 1 == self.builder.unroll_length).any()
+        ends = self.builder.t + 1 == self.builder.unroll_length
         self.builder.add(env_outputs, self.core_state)
         if ends and self.newer_weights is not None:
             # backend.synchronous: the finished unrolls are with the learner; the next one's first
