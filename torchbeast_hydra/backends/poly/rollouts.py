@@ -106,15 +106,19 @@ class RolloutBuilder:
         unfinished = np.flatnonzero(self.start < self.t)
         if len(unfinished):
             self._emit(unfinished)
-        self.t = -1
+        self._forget()
         return len(unfinished)
 
     def discard(self) -> int:
         """Forgets every env's unfinished unroll (its client was refused: none of it may reach the
         learner); returns how many there were."""
         unfinished = int((self.start < self.t).sum())
-        self.t = -1
+        self._forget()
         return unfinished
+
+    def _forget(self) -> None:
+        self.t = -1
+        self.start[:] = 0
 
     def _grouped(self, array: np.ndarray) -> np.ndarray:
         """[N, ...] -> [G, W, ...], as the rows' groups."""
