@@ -230,7 +230,7 @@ class PolyBeast(Backend):
         rollouts are a session's rows, lent (RolloutBuilder), to be given back once taken."""
         self.rollouts.put(rollouts, core_state, self.pool.stopping, release, scarce=False)
 
-    _enqueue.takes_buffers = True
+    _enqueue.takes_buffers = True  # sessions lend their rows whole (rollouts.RolloutBuilder)
 
     # -- what Backend asks for ---------------------------------------------------------------
 
