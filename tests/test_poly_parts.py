@@ -461,19 +461,21 @@ def test_envs_that_end_together_lend_their_rows_whole_and_refill_rows_given_back
     assert first["frame"][:, :, 0].tolist() == [[0, 100], [1, 101], [2, 102]]
     # Given back only once both chunks are released; the builder fills them again at its next lend.
     steps.releases[0]()
-    assert steps.builder._given_back == []
-    steps.releases[1]()
-    steps.step()  # rows 2..4 end together: lent (fresh rows), and the given-back rows are filled next
+    steps.step()  # rows 2..4 end together: lent; one chunk of the first rows is still out: fresh rows
     third = steps.chunks[2][0]
     assert third["frame"][:, :, 0].tolist() == [[2, 102], [3, 103], [4, 104]]  # row 0 from the lent rows
     assert third["frame"].data_ptr() not in (rows[0].ctypes.data, rows[1].ctypes.data)
+    assert steps.builder.rows["frame"] is not rows
+    steps.releases[1]()
+    for _ in range(2):  # rows 4..6 end together: lent, and the first rows, now given back, are filled next
+        steps.step()
     assert steps.builder.rows["frame"] is rows
     for _ in range(2):
         steps.step()
-    fifth, sixth = steps.chunks[4][0], steps.chunks[5][0]
-    assert fifth["frame"].data_ptr() == rows[0].ctypes.data
-    assert fifth["frame"][:, :, 0].tolist() == [[4, 104], [5, 105], [6, 106]]
-    assert sixth["frame"][:, :, 0].tolist() == [[204, 304], [205, 305], [206, 306]]
+    seventh, eighth = steps.chunks[6][0], steps.chunks[7][0]
+    assert seventh["frame"].data_ptr() == rows[0].ctypes.data
+    assert seventh["frame"][:, :, 0].tolist() == [[6, 106], [7, 107], [8, 108]]
+    assert eighth["frame"][:, :, 0].tolist() == [[206, 306], [207, 307], [208, 308]]
 
 
 def test_a_reset_hands_on_a_copy_and_the_unroll_ending_later_is_still_lent():
