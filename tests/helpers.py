@@ -378,9 +378,10 @@ def zero_policy(inputs: dict) -> dict:
     )
 
 
-def serve_small_pool(spec=POOL_SPEC, infer=zero_policy, on_error=None, idle_timeout_s=0.5):
+def serve_small_pool(spec=POOL_SPEC, infer=zero_policy, on_error=None, idle_timeout_s=0.5, lent=None):
     """Yields (pool, port, emitted rollouts) for a pool of unrolls of 5 steps, chunks of 2 envs,
-    at most 2 clients of 4 envs, and an idle limit of idle_timeout_s."""
+    at most 2 clients of 4 envs, and an idle limit of idle_timeout_s. lent: a list; the emitter then
+    takes buffers, as the learner's queue does, and appends each lent chunk's release there."""
     emitted = []
     settings = ServerSettings(
         env_id="Test-v0",
@@ -392,7 +393,13 @@ def serve_small_pool(spec=POOL_SPEC, infer=zero_policy, on_error=None, idle_time
         max_clients=2,
         client_idle_timeout_s=idle_timeout_s,
     )
-    emit = lambda rollout, state: emitted.append(rollout)  # noqa: E731
+
+    def emit(rollout, state, release=None):
+        emitted.append(rollout)
+        if release is not None:
+            lent.append(release)
+
+    emit.takes_buffers = lent is not None
     with serve_pool(spec, settings, infer, emit=emit, on_error=on_error) as served:
         yield (*served, emitted)
 

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from torchbeast_hydra.backends.poly import local
 from torchbeast_hydra.backends.poly.client import FINISHED, REFUSED, SERVER_FAILED
@@ -37,8 +38,9 @@ class StandIn:
 class Client:
     """The test's side of a channel, as client_main plays it."""
 
-    def __init__(self, pool, num_envs=2):
-        self.channel = local.Channel(SPEC, num_envs, CTX)
+    def __init__(self, pool, num_envs=2, buffers=1):
+        self.channel = local.Channel(SPEC, num_envs, CTX, pool.settings.unroll_length, buffers)
+        self.rows = self.channel.arrays()
         self.process = StandIn()
         client_id, _ = pool.new_client()
         self.thread = threading.Thread(target=local.serve, args=(pool, self.channel, self.process, client_id))
@@ -52,7 +54,7 @@ class Client:
         return self.channel.actions.numpy().copy()
 
     def write(self, frame=0.0, done=False) -> None:
-        outputs = self.channel.outputs
+        outputs = self.channel.step_views(self.rows)
         outputs["frame"][:] = frame
         outputs["done"][:] = done
         self.channel.stepped.release()
@@ -90,6 +92,31 @@ def test_steps_written_to_shared_memory_are_answered_and_make_unrolls(served):
     assert pool.connected == 0
 
 
+def test_a_local_clients_steps_are_written_into_the_rows_the_learner_is_lent():
+    releases = []
+    for pool, _, emitted in serve_small_pool(lent=releases):
+        client = Client(pool, num_envs=2, buffers=3)
+        for t in range(11):  # row 0 and two unrolls of T=5: each lent as the client wrote it
+            client.step(frame=float(t))
+        first, second = emitted
+        assert first["frame"].data_ptr() == client.channel.rows[0]["frame"].data_ptr()
+        assert second["frame"].data_ptr() == client.channel.rows[1]["frame"].data_ptr()
+        assert first["frame"][:, 0, 0].tolist() == [0, 1, 2, 3, 4, 5]
+        assert second["frame"][:, 1, 0].tolist() == [5, 6, 7, 8, 9, 10]
+        assert client.channel.where.tolist() == [2, 1]  # the next step goes after row 0 of the third rows
+        releases[0]()  # the learner is done with the first: written again after the third
+        for t in range(11, 21):
+            client.step(frame=float(t))
+        rows = [r["frame"] for r in client.channel.rows]
+        assert emitted[2]["frame"].data_ptr() == rows[2].data_ptr()
+        # The fourth was written into the first rows; with none free to go on in, it is copied out.
+        assert emitted[3]["frame"][:, 0, 0].tolist() == [15, 16, 17, 18, 19, 20]
+        assert rows[0][:, 0, 0].tolist() == [20, 16, 17, 18, 19, 20]  # and its row 0 now repeats row 5
+        assert emitted[3]["frame"].data_ptr() not in [r.data_ptr() for r in rows]
+        pool.stop(finished=True)
+        assert client.verdict() == FINISHED
+
+
 def test_a_local_client_with_a_non_finite_observation_is_refused_and_its_unrolls_discarded(served, caplog):
     pool, _, emitted = served
     caplog.set_level(logging.WARNING)
@@ -104,7 +131,7 @@ def test_a_local_client_with_a_non_finite_observation_is_refused_and_its_unrolls
 
 def test_a_failure_serving_a_local_client_is_its_verdict_not_a_silent_finish(served, caplog, monkeypatch):
     pool, _, _ = served
-    monkeypatch.setattr(pool, "open_session", lambda num_envs: 1 / 0)  # a bug in the learner's own code
+    monkeypatch.setattr(pool, "open_session", lambda num_envs, buffers: 1 / 0)  # a bug in the learner's own code
     client = Client(pool)
     client.write()
     assert client.verdict() == SERVER_FAILED  # the client exits with it: the run stops, naming it
@@ -137,10 +164,15 @@ def test_local_clients_get_the_seeds_grpc_clients_would(served):
     assert [pool.new_client() for _ in range(3)] == [(i, actor_seed(1, i, 4)) for i in range(3)]
 
 
-def test_the_channel_holds_every_env_key_of_the_layout():
-    channel = local.Channel(SPEC, 3, CTX)
+def test_the_channel_holds_every_env_key_of_the_layout_where_the_server_says():
+    channel = local.Channel(SPEC, 3, CTX, unroll_length=5, buffers=2)
     expected = layout.env_outputs(SPEC, 3)
-    assert sorted(channel.outputs) == sorted(expected)
+    rows = channel.arrays()
+    assert len(rows) == 2 and all(rows[1][key].shape[:2] == (6, 3) for key in rows[1])
+    channel.where[:] = torch.tensor([1, 4])
+    views = channel.step_views(rows)
+    assert sorted(views) == sorted(expected)
     for key, array in expected.items():
-        assert channel.outputs[key].numpy().dtype == array.dtype and tuple(channel.outputs[key].shape) == array.shape
+        assert views[key].dtype == array.dtype and views[key].shape == array.shape
+        assert views[key].ctypes.data == rows[1][key][4].ctypes.data
     assert tuple(channel.actions.shape) == (3,) and int(channel.verdict[0]) == local.RUNNING

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 
 from torchbeast_hydra.backends.poly import wire
 from torchbeast_hydra.backends.poly.batcher import BatcherClosed, DynamicBatcher
-from torchbeast_hydra.backends.poly.rollouts import RolloutBuilder, RolloutQueue
+from torchbeast_hydra.backends.poly.rollouts import RolloutBuilder, RolloutQueue, row_layout
 from torchbeast_hydra.env.actions import ActionSpec
 from torchbeast_hydra.env.layout import rollout_specs
 from torchbeast_hydra.env.spaces import EnvSpec, Leaf
@@ -293,12 +293,14 @@ SPEC = EnvSpec.box((1,), np.dtype("float32"), 2)
 class Steps:
     """Drives a RolloutBuilder like a session: env k's frame at its step t is 100*k + t."""
 
-    def __init__(self, num_envs=2, unroll_length=3, cut_at_reset=True, state_size=0, chunk_size=1):
+    def __init__(self, num_envs=2, unroll_length=3, cut_at_reset=True, state_size=0, chunk_size=1, buffers=None):
+        """buffers: the builder's fixed rows, which step() then writes itself, as a local client does."""
         self.emitted = []
         self.n = num_envs
         initial = (torch.zeros(num_envs, state_size),) if state_size else ()
+        self.buffers = buffers
         self.builder = RolloutBuilder(
-            rollout_specs(SPEC), num_envs, unroll_length, initial, cut_at_reset, self.receive, chunk_size
+            rollout_specs(SPEC), num_envs, unroll_length, initial, cut_at_reset, self.receive, chunk_size, buffers
         )
         self.chunks = []
         self.t = 0
@@ -315,7 +317,11 @@ class Steps:
         out["reward"][:] = self.t
         out["episode_end"][list(episode_end)] = True
         out["done"] = out["episode_end"].copy()
-        self.builder.add(out, state)
+        if self.buffers:
+            buffer, row = self.builder.next_row()
+            for key in self.builder.env_keys:
+                self.buffers[buffer][key][row] = out[key]
+        self.builder.add(out, state, written=bool(self.buffers))
         # The policy's outputs for this row: action t % 2, baseline = frame.
         self.builder.set_agent_outputs(
             dict(
@@ -452,9 +458,9 @@ def test_envs_that_end_together_lend_their_rows_whole_and_refill_rows_given_back
     for _ in range(3):  # rows 0..2: every env's first unroll ends at once
         steps.step()
     (first, _), (second, _) = steps.chunks
-    # Each group's rows as they are, no copy: the chunk is the builder's memory, and contiguous.
-    assert first["frame"].data_ptr() == rows[0].ctypes.data and second["frame"].data_ptr() == rows[1].ctypes.data
-    assert first["frame"].is_contiguous() and first["mask"].all()
+    # Each group's columns of the rows as they are, no copy: the chunk is the builder's memory.
+    assert first["frame"].data_ptr() == rows[0, 0].ctypes.data and second["frame"].data_ptr() == rows[0, 2].ctypes.data
+    assert first["mask"].all()
     assert first["frame"][:, :, 0].tolist() == [[0, 100], [1, 101], [2, 102]]
     assert second["frame"][:, :, 0].tolist() == [[200, 300], [201, 301], [202, 302]]
     steps.step()  # the next unrolls go into fresh rows: the lent ones are not written
@@ -464,7 +470,7 @@ def test_envs_that_end_together_lend_their_rows_whole_and_refill_rows_given_back
     steps.step()  # rows 2..4 end together: lent; one chunk of the first rows is still out: fresh rows
     third = steps.chunks[2][0]
     assert third["frame"][:, :, 0].tolist() == [[2, 102], [3, 103], [4, 104]]  # row 0 from the lent rows
-    assert third["frame"].data_ptr() not in (rows[0].ctypes.data, rows[1].ctypes.data)
+    assert third["frame"].data_ptr() not in (rows[0, 0].ctypes.data, rows[0, 2].ctypes.data)
     assert steps.builder.rows["frame"] is not rows
     steps.releases[1]()
     for _ in range(2):  # rows 4..6 end together: lent, and the first rows, now given back, are filled next
@@ -473,7 +479,7 @@ def test_envs_that_end_together_lend_their_rows_whole_and_refill_rows_given_back
     for _ in range(2):
         steps.step()
     seventh, eighth = steps.chunks[6][0], steps.chunks[7][0]
-    assert seventh["frame"].data_ptr() == rows[0].ctypes.data
+    assert seventh["frame"].data_ptr() == rows[0, 0].ctypes.data
     assert seventh["frame"][:, :, 0].tolist() == [[6, 106], [7, 107], [8, 108]]
     assert eighth["frame"][:, :, 0].tolist() == [[206, 306], [207, 307], [208, 308]]
 
@@ -490,10 +496,35 @@ def test_a_reset_hands_on_a_copy_and_the_unroll_ending_later_is_still_lent():
     steps.step()  # row 3: every env's unroll ends, env 1's after its reset: lent all the same
     assert len(steps.chunks) == 3 and None not in steps.releases[1:]
     first = steps.chunks[1][0]
-    assert first["frame"].data_ptr() == rows[0].ctypes.data
+    assert first["frame"].data_ptr() == rows[0, 0].ctypes.data
     assert first["frame"][:, :, 0].T.tolist() == [[0, 1, 2, 3], [100, 101, 102, 103]]
     assert first["mask"].T.tolist() == [[True] * 4, [True, False, True, True]]
     assert cut["frame"][:2, 0, 0].tolist() == [100, 101]  # the partial is a copy: unchanged
+
+
+def test_fixed_rows_written_in_place_are_lent_while_others_are_free_and_copied_out_when_none_is():
+    layout = row_layout(rollout_specs(SPEC), 2, 2)
+    buffers = [{key: np.zeros(shape, dtype) for key, (shape, dtype) in layout.items()} for _ in range(2)]
+    steps = Lending(num_envs=2, unroll_length=2, chunk_size=2, buffers=buffers)
+    assert steps.builder.next_row() == (0, 0)
+    for _ in range(3):  # rows 0..2 of buffer 0, written by the "client": lent as they are
+        steps.step()
+    lent = steps.chunks[0][0]
+    assert lent["frame"].data_ptr() == buffers[0]["frame"].ctypes.data and steps.releases[0] is not None
+    assert steps.builder.next_row() == (1, 1)  # row 0 of buffer 1 repeats row 2
+    assert buffers[1]["frame"][0, :, 0].tolist() == [2, 102]
+    for _ in range(2):  # buffer 0 is still out: the unroll ending in buffer 1 is copied, buffer 1 kept
+        steps.step()
+    copied = steps.chunks[1][0]
+    assert steps.releases[1] is None and copied["frame"][:, :, 0].tolist() == [[2, 102], [3, 103], [4, 104]]
+    assert steps.builder.next_row() == (1, 1)
+    steps.releases[0]()  # buffer 0 given back: the next unroll is lent, and buffer 0 filled after it
+    for _ in range(2):
+        steps.step()
+    assert steps.chunks[2][0]["frame"].data_ptr() == buffers[1]["frame"].ctypes.data
+    assert steps.chunks[2][0]["frame"][:, :, 0].tolist() == [[4, 104], [5, 105], [6, 106]]
+    assert copied["frame"][:, :, 0].tolist() == [[2, 102], [3, 103], [4, 104]]  # a copy: untouched
+    assert steps.builder.next_row() == (0, 1)
 
 
 def test_partial_rollout_vtrace_target_matches_a_hand_computation():

@@ -7,11 +7,14 @@ row 0 repeats the previous unroll's last row.
 A client's envs stay in step: every T steps all their unrolls end together and are handed on, in
 chunks [T+1, k, ...] of up to chunk_size envs (the learner's batch size). Where chunk_size divides
 the envs, the rows themselves are lent, no copy: the learner's queue hands a chunk out as a batch
-as it is and gives the rows back for the builder to fill again. An env whose episode ends
-(cut_at_reset) is handed on at once, copied, as a partial rollout whose mask marks its rows up to
-the reset; it goes on in step, and the unroll it ends at row T marks only the rows after its reset
-(the learner reads masked rows as padding, whether they come before or after the real ones). A
-client that leaves hands on its envs' unfinished rows likewise, as partial rollouts.
+as it is and gives the rows back for the builder to fill again. A local client (local.py) writes
+its envs' outputs into the rows itself, in shared memory: the server copies no frame at all.
+
+An env whose episode ends (cut_at_reset) is handed on at once, copied, as a partial rollout whose
+mask marks its rows up to the reset; it goes on in step, and the unroll it ends at row T marks
+only the rows after its reset (the learner reads masked rows as padding, whether they come before
+or after the real ones). A client that leaves hands on its envs' unfinished rows likewise, as
+partial rollouts.
 """
 
 from __future__ import annotations
@@ -41,8 +44,12 @@ class RolloutBuilder:
         cut_at_reset: bool,
         emit: Emit,
         chunk_size: int = 1,
+        buffers: list | None = None,
     ):
-        """specs: rollout_specs(); initial_state: each env's core state, tensors [num_envs, ...]."""
+        """specs: rollout_specs(); initial_state: each env's core state, tensors [num_envs, ...];
+        buffers: the rows to fill, in turn, instead of fresh ones (row_layout's, in shared memory:
+        a local client writes its envs' outputs there itself); when none is free to go on in, the
+        finished rows are copied out instead of lent."""
         self.chunk_size = chunk_size
         self.unroll_length = unroll_length
         self.cut_at_reset = cut_at_reset
@@ -50,21 +57,18 @@ class RolloutBuilder:
         # An emitter that copies what it is given before it returns (a shard's: shards.SharedEmit)
         # gets views of the rows, which the builder then overwrites: one copy, not two.
         self.emit_takes_views = getattr(emit, "takes_views", False)
-        # The rows are [G, T+1, W, ...]: the envs in G groups of W columns, each group's rows
-        # contiguous. W is chunk_size where it divides the envs: each group's rows are then a whole
-        # chunk, and an emitter that takes buffers (emit(rollouts, state, release): the learner's
-        # queue) is lent them as they are, while the builder goes on in rows given back by release,
-        # or fresh ones. No copy.
+        # The rows are [T+1, N, ...]; the envs in G groups of W columns. W is chunk_size where it
+        # divides the envs: each group's columns are then a whole chunk, and an emitter that takes
+        # buffers (emit(rollouts, state, release): the learner's queue) is lent them as they are,
+        # while the builder goes on in rows given back by release, or fresh ones. No copy.
         self.width = chunk_size if num_envs % chunk_size == 0 else num_envs
         self.groups = num_envs // self.width
-        self.lends = getattr(emit, "takes_buffers", False) and self.width == chunk_size
-        self.layout = {
-            key: ((self.groups, unroll_length + 1, self.width, *shape), _numpy_dtype(dtype))
-            for key, (shape, dtype) in specs.items()
-            if key != "mask"
-        }
-        self._given_back = []  # lent rows, back from the emitter (appended from the learner's thread)
-        self.rows = self._blank_rows()
+        self.lends = lends(emit, num_envs, chunk_size)
+        self.layout = row_layout(specs, num_envs, unroll_length)
+        self.buffers = buffers
+        # Lent rows back from the emitter (appended from the learner's thread), or buffers not yet used.
+        self._given_back = list(reversed(buffers[1:])) if buffers else []
+        self.rows = buffers[0] if buffers else self._blank_rows()
         # ENV_KEYS, with the observation's leaves (layout.env_keys) in frame's place.
         self.env_keys = tuple(key for key in self.rows if key not in AGENT_KEYS)
         self.envs = np.arange(num_envs)
@@ -73,21 +77,27 @@ class RolloutBuilder:
         # (cut_at_reset): the rows up to it were handed on already, as a partial rollout.
         self.start = np.zeros(num_envs, np.int64)
         # The policy outputs that chose the envs' current actions; they go into the next row.
-        self.agent = {key: np.zeros((num_envs, *self.layout[key][0][3:]), self.layout[key][1]) for key in AGENT_KEYS}
+        self.agent = {key: np.zeros((num_envs, *self.layout[key][0][2:]), self.layout[key][1]) for key in AGENT_KEYS}
         self.start_state = tuple(s.clone() for s in initial_state)
         self._times = np.arange(unroll_length + 1)[:, None]
 
-    def add(self, env_outputs: dict, core_state: tuple) -> None:
-        """Writes the envs' new outputs as a row; hands on the unrolls that end here.
+    def next_row(self) -> tuple[int, int]:
+        """(which of buffers, row): where the envs' next outputs go."""
+        return next(i for i, rows in enumerate(self.buffers) if rows is self.rows), self.t + 1
+
+    def add(self, env_outputs: dict, core_state: tuple, written: bool = False) -> None:
+        """Writes the envs' new outputs as a row (unless written there already: next_row's);
+        hands on the unrolls that end here.
 
         core_state: each env's state before it sees this row's frame, [num_envs, ...].
         """
         self.t += 1
         t = self.t
-        for key in self.env_keys:
-            self.rows[key][:, t] = self._grouped(env_outputs[key])
+        if not written:
+            for key in self.env_keys:
+                self.rows[key][t] = env_outputs[key]
         for key in AGENT_KEYS:
-            self.rows[key][:, t] = self._grouped(self.agent[key])
+            self.rows[key][t] = self.agent[key]
         if t == self.unroll_length:
             self._end_unrolls(core_state)
         elif self.cut_at_reset and t > 0:
@@ -120,52 +130,49 @@ class RolloutBuilder:
         self.t = -1
         self.start[:] = 0
 
-    def _grouped(self, array: np.ndarray) -> np.ndarray:
-        """[N, ...] -> [G, W, ...], as the rows' groups."""
-        return array.reshape(-1, self.width, *array.shape[1:])
-
-    def _blank_rows(self) -> dict:
+    def _blank_rows(self) -> dict | None:
+        """Rows to go on in: given back, or fresh; None where the buffers are fixed and all out."""
         if self._given_back:
             return self._given_back.pop()
+        if self.buffers:
+            return None
         return {key: np.zeros(shape, dtype) for key, (shape, dtype) in self.layout.items()}
 
     def _end_unrolls(self, core_state: tuple) -> None:
-        """Row T: every env's unroll ends. Handed on, lent whole where the emitter takes buffers;
-        the next unrolls start from row T, in the state the envs are in now."""
+        """Row T: every env's unroll ends. Handed on, lent whole where the emitter takes buffers
+        (and there are rows to go on in); the next unrolls start from row T, in the state the envs
+        are in now."""
         ended = self.rows
-        if self.lends:
-            self.rows = self._blank_rows()
+        fresh = self._blank_rows() if self.lends else None
+        if fresh is not None:
+            self.rows = fresh
             release = _Countdown(self.groups, lambda: self._given_back.append(ended))
             for g in range(self.groups):
-                rollouts = {key: torch.from_numpy(rows[g]) for key, rows in ended.items()}
-                self._emit_rollouts(rollouts, self.envs[g * self.width : (g + 1) * self.width], release)
+                columns = slice(g * self.width, (g + 1) * self.width)
+                rollouts = {key: torch.from_numpy(rows[:, columns]) for key, rows in ended.items()}
+                self._emit_rollouts(rollouts, self.envs[columns], release)
         else:
             self._emit(self.envs)
         for key, rows in self.rows.items():
-            rows[:, 0] = ended[key][:, self.t]
+            rows[0] = ended[key][self.t]
         self.t = 0
         self.start[:] = 0
         for start, state in zip(self.start_state, core_state):
             start.copy_(state)
 
     def _emit(self, envs: np.ndarray) -> None:
-        """Hands on these envs' unrolls, copied out of the rows, in chunks of at most chunk_size envs
-        of one group each."""
-        groups = envs // self.width
-        for g in np.unique(groups):
-            members = envs[groups == g]
-            for first in range(0, len(members), self.chunk_size):
-                self._emit_chunk(int(g), members[first : first + self.chunk_size])
+        """Hands on these envs' unrolls, copied out of the rows, in chunks of at most chunk_size envs."""
+        for first in range(0, len(envs), self.chunk_size):
+            self._emit_chunk(envs[first : first + self.chunk_size])
 
-    def _emit_chunk(self, g: int, envs: np.ndarray) -> None:
-        columns = envs - g * self.width
-        a, b = int(columns[0]), int(columns[-1]) + 1
+    def _emit_chunk(self, envs: np.ndarray) -> None:
+        a, b = int(envs[0]), int(envs[-1]) + 1
         if b - a == len(envs) and self.emit_takes_views:  # the emitter copies: views it is
-            rollouts = {key: torch.from_numpy(rows[g, :, a:b]) for key, rows in self.rows.items()}
+            rollouts = {key: torch.from_numpy(rows[:, a:b]) for key, rows in self.rows.items()}
         elif b - a == len(envs):  # a run of envs: a plain slice (a view), copied once
-            rollouts = {key: torch.from_numpy(rows[g, :, a:b].copy()) for key, rows in self.rows.items()}
+            rollouts = {key: torch.from_numpy(rows[:, a:b].copy()) for key, rows in self.rows.items()}
         else:  # fancy indexing copies already
-            rollouts = {key: torch.from_numpy(rows[g][:, columns]) for key, rows in self.rows.items()}
+            rollouts = {key: torch.from_numpy(rows[:, envs]) for key, rows in self.rows.items()}
         self._emit_rollouts(rollouts, envs)
 
     def _emit_rollouts(self, rollouts: dict, envs: np.ndarray, release=None) -> None:
@@ -195,6 +202,20 @@ class _Countdown:
             last = self.left == 0
         if last:
             self.done()
+
+
+def lends(emit: Emit, num_envs: int, chunk_size: int) -> bool:
+    """Whether a builder lends its rows to emit (rather than copies out of them)."""
+    return getattr(emit, "takes_buffers", False) and num_envs % chunk_size == 0
+
+
+def row_layout(specs: dict, num_envs: int, unroll_length: int) -> dict:
+    """key -> (shape [T+1, num_envs, ...], numpy dtype) of a client's rows (all but the mask)."""
+    return {
+        key: ((unroll_length + 1, num_envs, *shape), _numpy_dtype(dtype))
+        for key, (shape, dtype) in specs.items()
+        if key != "mask"
+    }
 
 
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype:

@@ -222,8 +222,9 @@ class ActorPool:
         client_id = next(self._ids)
         return client_id, actor_seed(self.settings.seed, client_id, self.settings.max_envs_per_client)
 
-    def open_session(self, num_envs: int) -> "Session":
-        session = Session(self, num_envs)
+    def open_session(self, num_envs: int, buffers: list | None = None) -> "Session":
+        """buffers: the client's rows in shared memory, which it writes itself (local.py)."""
+        session = Session(self, num_envs, buffers)
         with self._lock:
             self.connected += 1
         return session
@@ -393,7 +394,7 @@ class Stream:
 class Session:
     """One client's envs: their unrolls, their LSTM state, and acting for them."""
 
-    def __init__(self, pool: ActorPool, num_envs: int):
+    def __init__(self, pool: ActorPool, num_envs: int, buffers: list | None = None):
         self.inference = pool.inference
         self.core_state = pool.initial_state(num_envs)
         self.policy_inputs = (*pool.spec.leaf_keys, *POLICY_INPUTS)
@@ -405,18 +406,20 @@ class Session:
             pool.settings.cut_at_reset,
             pool.emit,
             pool.settings.chunk_size,
+            buffers,
         )
         self.discarded = False  # set when the client is refused: close() then hands nothing on
         self.newer_weights = pool.newer_weights
         self.waiting_steps = pool.waiting_steps
 
-    def step(self, env_outputs: dict) -> np.ndarray:
-        """Acts for the envs' outputs (from a thread: local.py's clients); returns their actions."""
+    def step(self, env_outputs: dict, written: bool = False) -> np.ndarray:
+        """Acts for the envs' outputs (from a thread: local.py's clients); returns their actions.
+        written: the outputs are views of the rows at builder.next_row(), where the client wrote them."""
         inputs = self._inputs(env_outputs)
         arrays = self._answered(_inference(self.inference, inputs))
         # Only now, answered with finite outputs, does the step enter the unrolls (and maybe end one).
         ends = self.builder.t + 1 == self.builder.unroll_length
-        self.builder.add(env_outputs, self.core_state)
+        self.builder.add(env_outputs, self.core_state, written)
         if ends and self.newer_weights is not None:
             # backend.synchronous: the finished unrolls are with the learner; the next one's first
             # action is chosen again, by weights newer than those that chose this one.

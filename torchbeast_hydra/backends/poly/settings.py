@@ -129,16 +129,24 @@ def learns(backend) -> bool:
     return PolyRole(backend.role) is not PolyRole.env
 
 
+# A local client's sets of unroll rows in shared memory, which it writes itself (local.py), where
+# the learner is lent them: one being written, two with the learner; with none free, rows are copied.
+LOCAL_ROW_SETS = 3
+
+
 def memory(cfg, unroll_bytes: int, envs_bytes: int, weight_bytes: int) -> dict:
     """What poly keeps in RAM beside the learner (backends/memory.py): the learner's queue of
     rollouts and, with role=all, its own env clients and their unrolls in progress (remote
-    clients' envs are unknown here); role=env: the env clients alone."""
+    clients' envs are unknown here; a local client over shared memory has LOCAL_ROW_SETS of them);
+    role=env: the env clients alone."""
     backend = cfg.backend
     role = PolyRole(backend.role)
     clients = backend.num_actors * ENV_CLIENT_BYTES + envs_bytes
     if role is PolyRole.env:
         return {"env clients": clients}
     in_progress = backend.num_actors * backend.envs_per_actor if role is PolyRole.all else 0
+    if LocalTransport(backend.local_transport) is LocalTransport.shared_memory:
+        in_progress *= LOCAL_ROW_SETS
     parts = {"rollout queue": (backend.learner_queue_size + in_progress) * unroll_bytes}
     if role is PolyRole.all:
         parts["env clients"] = clients
