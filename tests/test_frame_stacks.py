@@ -40,13 +40,19 @@ class StackingEnvs:
         return self.stacks
 
 
-def test_the_server_rebuilds_every_stack_the_client_sent_from_fewer_bytes():
+@pytest.mark.parametrize("into_rows", [False, True])
+def test_the_server_rebuilds_every_stack_the_client_sent_from_fewer_bytes(into_rows):
     envs, sender, receiver = StackingEnvs(5, seed=0), StackSender(), StackReceiver()
+    # into_rows: each step's stacks built in the row it goes to, in two sets of 4 rows filled in
+    # turn, as the server's unroll rows are (the last step's stacks are then the row before).
+    rows = np.zeros((2, 4, 5, *FRAMES), np.uint8)
     stacks, sizes = envs.stacks, []
-    for _ in range(200):
+    for i in range(200):
         raw = wire.encode_step(step_outputs(stacks), stacks=sender)
-        decoded = wire.decode_step(wire.parse(wire.ClientMessage, raw), 5, SPEC, stacks=receiver)
+        out = rows[(i // 4) % 2, i % 4] if into_rows else None
+        decoded = wire.decode_step(wire.parse(wire.ClientMessage, raw), 5, SPEC, stacks=receiver, frames_out=out)
         np.testing.assert_array_equal(decoded["frame"], stacks)
+        assert (decoded["frame"] is out) == into_rows
         sizes.append(len(raw))
         stacks = envs.step()
     whole = len(wire.encode_step(step_outputs(stacks)))

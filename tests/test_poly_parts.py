@@ -321,7 +321,7 @@ class Steps:
             buffer, row = self.builder.next_row()
             for key in self.builder.env_keys:
                 self.buffers[buffer][key][row] = out[key]
-        self.builder.add(out, state, written=bool(self.buffers))
+        self.builder.add(out, state, written=self.builder.env_keys if self.buffers else ())
         # The policy's outputs for this row: action t % 2, baseline = frame.
         self.builder.set_agent_outputs(
             dict(

@@ -435,9 +435,9 @@ def test_every_stream_is_served_on_the_processs_one_serving_loop(served, monkeyp
     threads = set()
     step_async = Session.step_async
 
-    async def recording(self, env_outputs):
+    async def recording(self, *args):
         threads.add(threading.get_ident())
-        return await step_async(self, env_outputs)
+        return await step_async(self, *args)
 
     monkeypatch.setattr(Session, "step_async", recording)
     clients = [RawClient(port), RawClient(port)]

@@ -54,21 +54,28 @@ class StackReceiver:
     def __init__(self):
         self.last = None  # the stacks of the last step
 
-    def keep(self, stacks: np.ndarray) -> np.ndarray:
-        """A step whose stacks came whole."""
+    def keep(self, stacks: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """A step whose stacks came whole (copied into out, if given)."""
+        if out is not None:
+            out[...] = stacks
+            stacks = out
         self.last = stacks
         return stacks
 
-    def join(self, newest_only: np.ndarray, whole: np.ndarray, newest: np.ndarray) -> np.ndarray:
+    def join(
+        self, newest_only: np.ndarray, whole: np.ndarray, newest: np.ndarray, out: np.ndarray | None = None
+    ) -> np.ndarray:
         """The step's stacks [num_envs, frames, ...]. whole [envs not newest_only, frames, ...] and
-        newest [envs newest_only, ...]: their shapes and dtypes are the caller's to check (wire.py)."""
+        newest [envs newest_only, ...]: their shapes and dtypes are the caller's to check (wire.py).
+        out: where to build them (the step's row of its unrolls, so that nothing copies them again;
+        never the last step's memory), else a new array."""
         if not newest_only.any():
-            return self.keep(whole)
+            return self.keep(whole, out)
         if self.last is None:
             raise StackError(
                 "newest frames came before any whole stack of frames (a stream's first step sends them whole)"
             )
-        stacks = np.empty((len(newest_only), *whole.shape[1:]), whole.dtype)
+        stacks = np.empty((len(newest_only), *whole.shape[1:]), whole.dtype) if out is None else out
         if newest_only.all():
             stacks[:, :-1] = self.last[:, 1:]
             stacks[:, -1] = newest

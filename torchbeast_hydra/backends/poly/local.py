@@ -150,7 +150,8 @@ def serve(pool: ActorPool, channel: Channel, process, client_id: int) -> None:
                 log.info("Client %d connected over shared memory with %d envs.", client_id, channel.num_envs)
             started = time.thread_time()  # as the gRPC stream counts: our CPU time, not inference's wait
             try:
-                actions[...] = session.step(_received(pool, channel.step_views(rows)), written=True)
+                step = _received(pool, channel.step_views(rows))
+                actions[...] = session.step(step, written=session.builder.env_keys)
             except (BatcherClosed, InferenceFailed):
                 break
             where[:] = session.builder.next_row()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Callable
+from typing import Callable, Collection
 
 import numpy as np
 import torch
@@ -85,16 +85,20 @@ class RolloutBuilder:
         """(which of buffers, row): where the envs' next outputs go."""
         return next(i for i, rows in enumerate(self.buffers) if rows is self.rows), self.t + 1
 
-    def add(self, env_outputs: dict, core_state: tuple, written: bool = False) -> None:
-        """Writes the envs' new outputs as a row (unless written there already: next_row's);
-        hands on the unrolls that end here.
+    def row_ahead(self, key: str) -> np.ndarray:
+        """key's row [num_envs, ...] that the envs' next outputs go to: a view to write them into."""
+        return self.rows[key][self.t + 1]
+
+    def add(self, env_outputs: dict, core_state: tuple, written: Collection[str] = ()) -> None:
+        """Writes the envs' new outputs as a row (but the keys written there already: row_ahead's,
+        next_row's); hands on the unrolls that end here.
 
         core_state: each env's state before it sees this row's frame, [num_envs, ...].
         """
         self.t += 1
         t = self.t
-        if not written:
-            for key in self.env_keys:
+        for key in self.env_keys:
+            if key not in written:
                 self.rows[key][t] = env_outputs[key]
         for key in AGENT_KEYS:
             self.rows[key][t] = self.agent[key]

@@ -19,6 +19,7 @@ of a stream (local.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import itertools
 import logging
@@ -27,7 +28,7 @@ import time
 import warnings
 from concurrent import futures
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Collection, Iterator
 
 import grpc
 import numpy as np
@@ -180,8 +181,11 @@ class ActorPool:
             while (raw := await stream.receive()) is not None:
                 if self.stopping.is_set():
                     break
+                # A stack of frames is built where it goes, in the unroll's next row: no copy after.
+                frames_out = session.builder.row_ahead(wire.FRAME) if stacks is not None else None
                 try:
-                    actions = await session.step_async(self._step(raw, hello.num_envs, stacks))
+                    step = self._step(raw, hello.num_envs, stacks, frames_out)
+                    actions = await session.step_async(step, () if stacks is None else (wire.FRAME,))
                 except (BatcherClosed, InferenceFailed):
                     break
                 message = wire.ServerMessage()
@@ -349,10 +353,10 @@ class ActorPool:
             )
         return hello
 
-    def _step(self, raw: bytes, num_envs: int, stacks: StackReceiver | None) -> dict:
+    def _step(self, raw: bytes, num_envs: int, stacks: StackReceiver | None, frames_out: np.ndarray | None) -> dict:
         try:
             message = wire.parse(wire.ClientMessage, raw)
-            return wire.decode_step(message, num_envs, self.spec, self.settings.float_limit, stacks)
+            return wire.decode_step(message, num_envs, self.spec, self.settings.float_limit, stacks, frames_out)
         except wire.WireError as error:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"malformed step: {error}") from None
 
@@ -412,9 +416,9 @@ class Session:
         self.newer_weights = pool.newer_weights
         self.waiting_steps = pool.waiting_steps
 
-    def step(self, env_outputs: dict, written: bool = False) -> np.ndarray:
+    def step(self, env_outputs: dict, written: Collection[str] = ()) -> np.ndarray:
         """Acts for the envs' outputs (from a thread: local.py's clients); returns their actions.
-        written: the outputs are views of the rows at builder.next_row(), where the client wrote them."""
+        written: the keys whose outputs are in the rows already (builder.add)."""
         inputs = self._inputs(env_outputs)
         arrays = self._answered(_inference(self.inference, inputs))
         # Only now, answered with finite outputs, does the step enter the unrolls (and maybe end one).
@@ -427,13 +431,14 @@ class Session:
             arrays = self._answered(_inference(self.inference, inputs))
         return self._acted(arrays)
 
-    async def step_async(self, env_outputs: dict) -> np.ndarray:
+    async def step_async(self, env_outputs: dict, written: Collection[str] = ()) -> np.ndarray:
         """step, from a coroutine on the serving loop: it awaits inference rather than waits for it."""
         if self.newer_weights is not None:  # backend.synchronous waits on the learner: off the loop
-            return await asyncio.get_running_loop().run_in_executor(self.waiting_steps, self.step, env_outputs)
+            step = functools.partial(self.step, env_outputs, written)
+            return await asyncio.get_running_loop().run_in_executor(self.waiting_steps, step)
         inputs = self._inputs(env_outputs)
         arrays = self._answered(await _inference_async(self.inference, inputs))
-        self.builder.add(env_outputs, self.core_state)
+        self.builder.add(env_outputs, self.core_state, written)
         return self._acted(arrays)
 
     def _inputs(self, env_outputs: dict) -> dict:

@@ -226,17 +226,22 @@ def encode_step(outputs: dict, leaf_keys: tuple = (FRAME,), stacks: StackSender 
 
 
 def decode_step(
-    message, num_envs: int, spec, float_limit: float = FLOAT32_LIMIT, stacks: StackReceiver | None = None
+    message,
+    num_envs: int,
+    spec,
+    float_limit: float = FLOAT32_LIMIT,
+    stacks: StackReceiver | None = None,
+    frames_out: np.ndarray | None = None,
 ) -> dict:
     """A ClientMessage's Step as arrays [num_envs, ...], views of its bytes; checks every array
     against spec (envs.EnvSpec): names, dtypes, shapes and value ranges. float_limit: the largest
     magnitude a float observation may hold (accel.float_limit, what the model computes with);
     stacks: this stream's receiver where the frame is a stack of frames (frame_stacks.stackable),
-    which may then come as newest frames."""
+    which may then come as newest frames; frames_out: where stacks builds the step's frames."""
     if message.WhichOneof("kind") != "step":
         raise WireError(f"expected a step, got {message.WhichOneof('kind') or 'an empty message'}")
     step = message.step
-    arrays = _decode_obs(step, num_envs, spec, stacks)
+    arrays = _decode_obs(step, num_envs, spec, stacks, frames_out)
     for key in OTHER_STEP_KEYS:
         shape, dtype = spec.step_specs[key]
         arrays[key] = decode_array(getattr(step, key), key, dtype_name(dtype), (num_envs, *shape))
@@ -270,7 +275,7 @@ def check_step(arrays: dict, spec, float_limit: float = FLOAT32_LIMIT) -> dict:
     return arrays
 
 
-def _decode_obs(step, num_envs: int, spec, stacks: StackReceiver | None) -> dict:
+def _decode_obs(step, num_envs: int, spec, stacks: StackReceiver | None, frames_out: np.ndarray | None) -> dict:
     """The observation's leaves: Step.frame for one array (no loop), else Step.obs, one named Array each."""
     newest_frames = step.HasField("newest_only") or step.HasField("newest")
     if newest_frames and stacks is None:
@@ -280,9 +285,9 @@ def _decode_obs(step, num_envs: int, spec, stacks: StackReceiver | None) -> dict
             raise WireError(f"extra observation leaves {[a.name for a in step.obs]}: this env's observation is a frame")
         leaf = spec.leaves[0]
         if newest_frames:
-            return {FRAME: _decode_stacks(step, num_envs, leaf, stacks)}
+            return {FRAME: _decode_stacks(step, num_envs, leaf, stacks, frames_out)}
         frames = decode_array(step.frame, FRAME, dtype_name(leaf.dtype), (num_envs, *leaf.shape))
-        return {FRAME: frames if stacks is None else stacks.keep(frames)}
+        return {FRAME: frames if stacks is None else stacks.keep(frames, frames_out)}
     if step.HasField(FRAME):
         raise WireError("extra observation leaf frame: this env's observation has leaves, sent in Step.obs")
     sent = {array.name: array for array in step.obs}
@@ -300,14 +305,14 @@ def _decode_obs(step, num_envs: int, spec, stacks: StackReceiver | None) -> dict
     }
 
 
-def _decode_stacks(step, num_envs: int, leaf, stacks: StackReceiver) -> np.ndarray:
+def _decode_stacks(step, num_envs: int, leaf, stacks: StackReceiver, out: np.ndarray | None) -> np.ndarray:
     """The stacks of a step that sent some envs' newest frames only (frame_stacks.py)."""
     newest_only = decode_array(step.newest_only, "newest_only", "bool", (num_envs,))
     count, dtype = int(newest_only.sum()), dtype_name(leaf.dtype)
     whole = decode_array(step.frame, FRAME, dtype, (num_envs - count, *leaf.shape))
     newest = decode_array(step.newest, "newest", dtype, (count, *leaf.shape[1:]))
     try:
-        return stacks.join(newest_only, whole, newest)
+        return stacks.join(newest_only, whole, newest, out)
     except StackError as error:
         raise WireError(str(error)) from None
 
