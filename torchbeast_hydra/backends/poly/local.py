@@ -4,11 +4,13 @@ role=all's clients need none of gRPC's framing: a client writes its envs' output
 tensors and wakes the ActorPool's thread for it with a semaphore; that thread answers with
 actions in another shared tensor and wakes the client with a second semaphore. The tensors the
 client writes are its session's unroll rows themselves (rollouts.RolloutBuilder's buffers), at the
-row the server names with each answer: the server reads a step in place and copies no frame. What the server
-does with a step is the gRPC stream's: the same checks (wire.check_step), the same Session
-(central inference in the shared dynamic batch, unroll assembly, partial rollouts when a client
-leaves), the same seeds (ActorPool.new_client), the same refusals. Each client process gets a
-channel of its own, so a replacement never reads what a dead predecessor left half-written.
+row the server names with each answer: the server reads a step in place and copies no frame.
+
+What the server does with a step is the gRPC stream's: the same checks (wire.check_step), the
+same Session (central inference in the shared dynamic batch, unroll assembly, partial rollouts
+when a client leaves), the same seeds (ActorPool.new_client), the same refusals. Each client
+process gets a channel of its own, so a replacement never reads what a dead predecessor left
+half-written.
 """
 
 from __future__ import annotations
