@@ -2,6 +2,7 @@
 
 import csv
 import dataclasses
+import json
 import sys
 
 import numpy as np
@@ -12,6 +13,7 @@ from matplotlib.figure import Figure
 
 from torchbeast_hydra.analysis import baselines, figures, measures, report, runs, scores, tables
 from torchbeast_hydra.evaluation.evaluate import EVAL_FIGURES
+from torchbeast_hydra.logs import metrics
 from torchbeast_hydra.logs.sweep_record import is_run_control
 
 from helpers import REPO, assert_real_image, run_command, write_run
@@ -377,6 +379,16 @@ def test_a_runs_logs_thin_in_place_to_the_report_columns_and_stop_at_a_torn_row(
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == list(runs.REPORT_COLUMNS)
     assert [(r["step"], r["episode_returns"]) for r in rows] == [("10", "[1.0]"), ("20", "[]")]
+
+
+def test_kept_logs_write_each_return_as_the_shortest_text_of_its_float32_value(tmp_path):
+    returns = [float(np.float32(0.3826562464237213)), -500.0, float(np.float32(1234.56789))]
+    logs = tmp_path / "logs.csv"
+    logs.write_text(f'step,time_s,episode_returns\n10,1.0,"{json.dumps(returns)}"\n')
+    runs.write_report_columns(logs, logs)
+    kept = metrics.read_rows(logs)[0]["episode_returns"]
+    assert np.array_equal(np.float32(kept), np.float32(returns))  # the same float32 values
+    assert "0.38265625," in logs.read_text() and "0.3826562464237213" not in logs.read_text()
 
 
 def test_the_peers_measure_is_the_last_100_training_episodes_by_the_budget():
