@@ -18,8 +18,10 @@ The measure, chosen before any run: each arm picks its member by its own ranking
 published score in its pbt.csv: the mean training return over its last interval, what mode=test
 plays), and that member's final weights play --episodes greedy episodes (mode=test). Per seed the
 figure is pbt - fixed; over seeds, the mean with a 95% paired t interval (it assumes the per-seed
-differences are normal; with 3 seeds it is wide). Also printed, not the claim: each arm's best and
-mean member by the final training mean of their last 100 episodes.
+differences are normal; with 3 seeds it is wide), and Wilcoxon's signed-rank test, exact and
+two-sided, with the Hodges-Lehmann estimate and its 95% interval (the second test's pre-set
+analysis, docs/pbt.md). Also printed, not the claim: each arm's best and mean member by the final
+training mean of their last 100 episodes.
 
 Runs go to --out (default docs/reports/pbt/runs: <arm>/seed<N> the multiruns, test/<arm>/seed<N>
 the greedy plays); once an arm's member is played, its checkpoints and submitit files are deleted
@@ -124,6 +126,60 @@ def t_interval(values: np.ndarray) -> tuple[float, float]:
     return float(values.mean() - half), float(values.mean() + half)
 
 
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks from 1, ties given the mean of the ranks they span."""
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ordered = values[order]
+    start = 0
+    while start < len(values):
+        end = start
+        while end + 1 < len(values) and ordered[end + 1] == ordered[start]:
+            end += 1
+        ranks[order[start : end + 1]] = (start + end) / 2 + 1
+        start = end + 1
+    return ranks
+
+
+def signed_rank_null(ranks: np.ndarray) -> np.ndarray:
+    """Every value the sum of positive ranks takes under the null (each sign + or - alike): one per sign
+    pattern, all 2^n of them (exact; n <= 20 here)."""
+    if len(ranks) > 20:
+        raise ValueError("the exact signed-rank distribution enumerates 2^n patterns: at most 20 differences")
+    patterns = (np.arange(2 ** len(ranks))[:, None] >> np.arange(len(ranks))) & 1
+    return patterns @ ranks
+
+
+def signed_rank_test(differences) -> tuple[float, int]:
+    """Wilcoxon's signed-rank test of paired differences: (exact two-sided p, differences used). Zeros
+    are dropped (a tie says nothing of which arm is ahead); tied sizes share their mean rank."""
+    d = np.asarray([x for x in differences if x != 0], float)
+    if not len(d):
+        return 1.0, 0
+    ranks = average_ranks(np.abs(d))
+    centre = ranks.sum() / 2
+    null = signed_rank_null(ranks)
+    observed = abs(ranks[d > 0].sum() - centre)
+    return float(np.mean(np.abs(null - centre) >= observed - 1e-9)), len(d)
+
+
+def hodges_lehmann(differences, level: float = 0.95) -> tuple[float, float, float]:
+    """(estimate, low, high): the median of the Walsh averages (each pair's mean, each difference with
+    itself too), and the interval between the order statistics that the exact signed-rank distribution
+    for n untied differences puts at (1 - level) / 2 in each tail (coverage at least level)."""
+    d = np.asarray(differences, float)
+    n = len(d)
+    walsh = np.sort([(d[i] + d[j]) / 2 for i in range(n) for j in range(i, n)])
+    null = signed_rank_null(np.arange(1, n + 1, dtype=float))
+    # k: how many sums t have P(sum of positive ranks <= t) <= (1 - level) / 2 (those 0..k-1); the
+    # interval is [k-th smallest, k-th largest], covering 1 - 2 P(sum <= k - 1) >= level.
+    cdf = np.cumsum(np.bincount(null.astype(int))) / len(null)
+    k = int(np.searchsorted(cdf, (1 - level) / 2, side="right"))
+    if k == 0:  # too few differences for the level: the whole range
+        return float(np.median(walsh)), float(walsh[0]), float(walsh[-1])
+    return float(np.median(walsh)), float(walsh[k - 1]), float(walsh[len(walsh) - k])
+
+
 def summarise(out: Path, args) -> None:
     picked = {arm: {} for arm in ARMS}
     for seed in args.seeds:
@@ -154,8 +210,14 @@ def summarise(out: Path, args) -> None:
         print(f"  {arm:5s} picked member, greedy return: {values.mean():.1f} [{low:.1f}, {high:.1f}]")
     difference = np.array([picked["pbt"][s] - picked["fixed"][s] for s in both])
     low, high = t_interval(difference)
-    wins = int((difference > 0).sum())
-    print(f"  pbt - fixed: {difference.mean():.1f} [{low:.1f}, {high:.1f}]; pbt ahead on {wins} of {len(both)} seeds")
+    wins, behind = int((difference > 0).sum()), int((difference < 0).sum())
+    print(f"  pbt - fixed: {difference.mean():.1f} [{low:.1f}, {high:.1f}]; pbt ahead on {wins}, behind on {behind}")
+    p, used = signed_rank_test(difference)
+    estimate, low, high = hodges_lehmann(difference)
+    print(
+        f"  pbt - fixed, Wilcoxon signed-rank (exact, two-sided, {used} untied seeds): p = {p:.4f}; "
+        f"Hodges-Lehmann estimate {estimate:.1f} [95%: {low:.1f}, {high:.1f}]"
+    )
 
 
 def run(argv: list[str]) -> None:

@@ -257,3 +257,26 @@ def test_the_pipelines_envs_end_episodes_out_of_step_when_asked(monkeypatch):
     assert len(firsts) > 1, "the envs' episodes end at steps of their own"
     out = envs.step(actions)
     assert (out["episode_end"] == out["done"]).all()  # a whole game ends: no truncation here
+
+
+def test_the_pbt_benchmarks_signed_rank_test_is_exact(monkeypatch):
+    pbt = import_benchmark(monkeypatch, "pbt")
+    # All of 8 differences ahead: only 2 of the 2^8 sign patterns are as far from the centre.
+    assert pbt.signed_rank_test([1.0, 2, 3, 4, 5, 6, 7, 8]) == (2 / 256, 8)
+    assert pbt.signed_rank_test([0.0, 0.0, 5.0]) == (1.0, 1)  # zeros dropped; one difference proves nothing
+    assert pbt.signed_rank_test([-2.0, 2.0])[0] == 1.0  # tied sizes, opposite signs: no evidence either way
+    # The first 8 seeds' differences: 6 ahead, 1 behind (the smallest but one), 1 tied -> p = 20/128.
+    p, used = pbt.signed_rank_test([7.6, 0.0, 16.2, 418.8, 7.9, -11.4, 9.3, 5.4])
+    assert used == 7 and p == 20 / 128
+    assert list(pbt.average_ranks(np.array([3.0, 1.0, 3.0, 2.0]))) == [3.5, 1.0, 3.5, 2.0]
+
+
+def test_the_pbt_benchmarks_hodges_lehmann_interval(monkeypatch):
+    pbt = import_benchmark(monkeypatch, "pbt")
+    # 3 differences cannot reach 95% (the likeliest tail is 1/8): the whole range of the Walsh averages.
+    assert pbt.hodges_lehmann([1.0, 2.0, 3.0]) == (2.0, 1.0, 3.0)
+    # n = 8: P(sum of positive ranks <= 3) = 5/256 <= 2.5% < P(<= 4): the 4th smallest and largest of 36.
+    d = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]
+    walsh = sorted((a + b) / 2 for i, a in enumerate(d) for b in d[i:])
+    estimate, low, high = pbt.hodges_lehmann(d)
+    assert (low, high) == (walsh[3], walsh[-4]) and low < estimate < high
