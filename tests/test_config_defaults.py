@@ -3,6 +3,8 @@
 And each env option brings a model that fits it (env=cartpole -> the MLP).
 """
 
+import csv
+import math
 from pathlib import Path
 
 import pytest
@@ -156,3 +158,26 @@ def test_the_atari_suite_composes_the_env_protocol_of_the_references_it_is_set_b
         assert dopamine and all(measures.other_settings(r, [flat]) is None for r in dopamine), env
         assert cfg["total_steps"] == dopamine[0]["steps"]  # its budget: 10M frames
         assert (cfg["env"]["noop_max"], cfg["env"]["fire_reset"], cfg["env"]["episodic_life"]) == (0, False, False)
+
+
+@pytest.mark.slow
+def test_the_control_preset_trains_with_its_ppo_levers(tmp_path):
+    """experiment=control, levers and all, learns a few updates on a Box task (Pendulum: no MuJoCo needed)."""
+    run_cli(
+        tmp_path / "run",
+        "experiment=control",
+        "env.id=Pendulum-v1",
+        "total_steps=1024",
+        "batch_size=8",  # 256 steps a batch, 4 updates: the levers' code paths, not their learning
+        "backend.num_actors=1",
+        "backend.envs_per_actor=2",
+        "eval.interval_steps=0",
+        "logger.wandb.mode=disabled",
+    )
+    config = OmegaConf.load(tmp_path / "run" / ".hydra" / "config.yaml")
+    assert config.optim.minibatch_unit == "steps" and config.optim.targets_once and config.vtrace.normalize_rewards
+    rows = list(csv.DictReader(open(tmp_path / "run" / "logs.csv")))
+    assert int(rows[-1]["step"]) >= 1024
+    stds = [float(row["return_std"]) for row in rows if row.get("return_std")]
+    assert stds and all(math.isfinite(std) and std > 0 for std in stds)  # the rewards' running spread, learned
+    assert all(math.isfinite(float(row["total_loss"])) for row in rows if row.get("total_loss"))
