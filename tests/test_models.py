@@ -172,6 +172,22 @@ def test_without_feedback_the_heads_see_the_observation_alone(separate_critic):
     )
 
 
+def test_a_box_policy_starts_from_the_configured_spread():
+    spec = EnvSpec.box((4,), np.float32, action_spec(gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "Test-v0"))
+    step = dict(frame=torch.randn(5, 3, 4), done=torch.zeros(5, 3, dtype=torch.bool), reward=torch.zeros(5, 3))
+    step["last_action"] = torch.zeros(5, 3, 2)
+    for init_log_std in (0.0, -0.7):
+        model = make_model(MLPConfig(hidden_sizes=[8], init_log_std=init_log_std), spec)
+        params = model(step, action="none")[0]["policy_logits"]
+        torch.testing.assert_close(params[..., 2:], torch.full((5, 3, 2), init_log_std))  # [mean, log std]
+        actions = torch.stack([model(step)[0]["action"] for _ in range(200)])
+        assert abs(actions.std().item() - np.exp(init_log_std)) < 0.1  # the samples spread as set
+    with pytest.raises(ConfigError, match="model.init_log_std must be within"):
+        make_model(MLPConfig(hidden_sizes=[8], init_log_std=3.0), spec)
+    with pytest.raises(ConfigError, match="this env's actions are not a Box"):
+        make_model(MLPConfig(hidden_sizes=[8], init_log_std=-0.7), VECTOR)
+
+
 def test_running_norm_learns_from_the_learner_only_and_is_checkpointed():
     torch.manual_seed(0)
     spec = EnvSpec.box((3,), np.float32, 2)

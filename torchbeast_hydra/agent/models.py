@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
-from torchbeast_hydra.agent.distributions import distribution
+from torchbeast_hydra.agent.distributions import LOG_STD_BOUNDS, GaussianHead, distribution
 from torchbeast_hydra.agent.settings import AtariNetConfig, MLPConfig, ModelConfig, ResNetConfig
 from torchbeast_hydra.env.actions import ActionSpec
 from torchbeast_hydra.env.spaces import EnvSpec
-from torchbeast_hydra.errors import ConfigError
+from torchbeast_hydra.errors import ConfigError, require
 
 log = logging.getLogger(__name__)
 
@@ -326,11 +326,13 @@ class ActorCritic(nn.Module):
         critic_body: nn.Module | None = None,
         value_norm: ValueNorm | None = None,
         feedback: bool = True,
+        init_log_std: float = 0.0,
     ):
         """actions: the env's action space (an int: that many Discrete actions); critic_body: a
         body of the baseline's own (model.separate_critic, feed-forward: the LSTM is the policy's),
         else the baseline shares `body` and the core; value_norm: the baseline head learns
-        standardised values (model.normalize_values, PopArt)."""
+        standardised values (model.normalize_values, PopArt); init_log_std: a Box policy's log std
+        at the start (model.init_log_std)."""
         super().__init__()
         self.body = body
         self.critic_body = critic_body
@@ -352,6 +354,8 @@ class ActorCritic(nn.Module):
         self.value_norm = value_norm
         orthogonal_(self.policy, gain=0.01)  # a near-uniform (Box: centred) first policy, whatever the features
         orthogonal_(self.baseline, gain=1.0)
+        if init_log_std != 0.0:
+            _start_spread(self.policy, init_log_std)
 
     def initial_state(self, batch_size: int = 1, device: torch.device | str | None = None) -> tuple:
         """Zero core state [layers, batch_size, hidden] on `device` (default: the model's)."""
@@ -428,6 +432,15 @@ class ActorCritic(nn.Module):
         return torch.cat(outputs), core_state
 
 
+def _start_spread(policy: nn.Module, log_std: float) -> None:
+    """A Gaussian policy head's log std at the start (model.init_log_std)."""
+    if not isinstance(policy, GaussianHead):
+        raise ConfigError(f"model.init_log_std={log_std} sets a Gaussian's spread: this env's actions are not a Box.")
+    low, high = LOG_STD_BOUNDS
+    require(low <= log_std <= high, f"model.init_log_std must be within [{low}, {high}] (got {log_std}).")
+    nn.init.constant_(policy.log_std, log_std)
+
+
 # The core's fields of a model config; the others are the body's (models.Body).
 CORE_FIELDS = (
     "_target_",
@@ -437,6 +450,7 @@ CORE_FIELDS = (
     "normalize_values",
     "value_norm_beta",
     "feedback",
+    "init_log_std",
 )
 
 
@@ -464,6 +478,7 @@ def make_model(cfg, spec: EnvSpec) -> ActorCritic:
         critic_body=critic_body,
         value_norm=value_norm,
         feedback=fields.get("feedback", ModelConfig.feedback),
+        init_log_std=fields.get("init_log_std", ModelConfig.init_log_std),
     )
 
 

@@ -35,6 +35,9 @@ class ModelConfig:
     # The last action and clipped reward beside the body's features, into the core and heads, as
     # IMPALA's agents have them. false: the observation alone, as PPO's MLP policy (docs/control.md).
     feedback: bool = True
+    # Box actions: the Gaussian's log standard deviation at the start (learned from there; 0: std 1,
+    # CleanRL's PPO). Lower starts exploring less (Andrychowicz et al. 2020 found std ~0.5 better).
+    init_log_std: float = 0.0
 
 
 @dataclass
