@@ -286,7 +286,8 @@ def test_pong_run_with_atari_net(tmp_path, vector_env):
 
 def test_killed_actor_is_replaced_and_the_run_finishes(tmp_path):
     run_dir = tmp_path / "run"
-    process = start_cli(run_dir, *TINY, "total_steps=60000")
+    # No evaluation process (started beside the actors when evaluations are due): the spawned children are the actors.
+    process = start_cli(run_dir, *TINY, "total_steps=60000", "eval.interval_steps=0")
     try:
         victims = wait_for(lambda: len(actor_pids(process.pid)) == 2 and actor_pids(process.pid), 60, "two actors")
         wait_for(lambda: (run_dir / "logs.csv").exists() and len(rows(run_dir)) > 2, 60, "training")
