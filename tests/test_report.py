@@ -595,3 +595,22 @@ def test_populations_laid_out_alike_under_two_paths_get_two_names(tmp_path):
     names = [report._population_name(arm / "pbt", arms) for arm in arms]
     assert names == ["pbt/seed1/pbt", "fixed/seed1/pbt"]
     assert report._population_name(arms[0] / "pbt", arms[:1]) == "seed1/pbt"  # one path: from its parent
+
+
+def test_a_kept_report_takes_runs_finished_since_beside_its_kept_ones(sweep, tmp_path):
+    """A seed that finishes in a later session joins the report: its kept runs stay as they are."""
+    options = report.Options(targets={"": 1.0}, reps=200, keep_runs=True)
+    report.write_report([sweep / "0", sweep / "1"], tmp_path / "out", options)
+    kept = tmp_path / "out" / "runs"
+    assert sorted(p.name for p in kept.iterdir() if p.is_dir()) == ["0", "1"]
+    before = (kept / "0" / "logs.csv").read_bytes()
+    later = tmp_path / "later" / "seed3"
+    write_job(later, "pong", "ALE/Pong-v5", 3, [0.0, 5.0, 9.0])
+    again = report.write_report([kept, later], tmp_path / "out", options)
+    assert sorted(p.name for p in kept.iterdir() if p.is_dir()) == ["0", "1", "seed3"]
+    assert (kept / "0" / "logs.csv").read_bytes() == before  # the kept copies stay as they are
+    assert pd.read_csv(again["tasks_csv"]).set_index("task").loc["ALE/Pong-v5", "seeds"] == 3  # seeds 1, 2 and 3
+    with pytest.raises(ValueError, match="a run named seed3 is kept already"):
+        report.write_report([kept, later], tmp_path / "out", options)
+    with pytest.raises(ValueError, match="keeps runs this report does not read"):
+        report.write_report([kept / "0", tmp_path / "later"], tmp_path / "out", options)

@@ -144,19 +144,39 @@ KEPT_RUNS = "runs"  # under a report's dir, with --keep-runs: the copies it was 
 
 def keep_runs(loaded: list, kept: Path) -> Path:
     """Copies what the report reads of each run under kept (named as in the report), replacing an
-    earlier copy; a report drawn from kept runs (all of them under kept) keeps them as they are."""
+    earlier copy; a report drawn from kept runs (all of them under kept) keeps them as they are.
+    Drawn from its kept runs and new ones (a seed finished since, in another session), the kept
+    ones stay and the new ones are added beside them."""
     kept = kept.resolve()
-    if all(r.dir.is_relative_to(kept) for r in loaded):
+    old = [r for r in loaded if r.dir.is_relative_to(kept)]
+    new = [r for r in loaded if not r.dir.is_relative_to(kept)]
+    if not new:
         return kept
-    if any(r.dir.is_relative_to(kept) for r in loaded):
-        raise ValueError(f"some runs are under {kept} and some are not: draw from the others, or --out elsewhere")
-    shutil.rmtree(kept, ignore_errors=True)
-    kept.mkdir(parents=True)
-    (kept / KEPT_MARKER).write_text("copies of runs that a report was drawn from (report --keep-runs)\n")
-    for run in loaded:
+    if old:
+        _check_additions(old, new, kept)
+    else:
+        shutil.rmtree(kept, ignore_errors=True)
+        kept.mkdir(parents=True)
+        (kept / KEPT_MARKER).write_text("copies of runs that a report was drawn from (report --keep-runs)\n")
+    for run in new:
         name = Path(run.name)
         copy_run(run.dir, kept / (name.relative_to(name.anchor) if name.is_absolute() else name), run.tests)
     return kept
+
+
+def _check_additions(old: list, new: list, kept: Path) -> None:
+    """New runs go beside a report's kept ones only if all of those were drawn from too (the report
+    shows them all) and no new one takes a kept one's name."""
+    drawn = {r.dir for r in old}
+    left_out = [d for d in find_runs(kept) if d.resolve() not in drawn]
+    if left_out:
+        raise ValueError(
+            f"{kept} keeps runs this report does not read ({left_out[0].relative_to(kept)}): give the kept "
+            "runs dir itself beside the new runs, or --out elsewhere"
+        )
+    taken = {r.name for r in old} & {r.name for r in new}
+    if taken:
+        raise ValueError(f"a run named {sorted(taken)[0]} is kept already in {kept}: rename the new run's dir")
 
 
 def read_overrides(run_dir: str | Path) -> dict:
@@ -260,6 +280,15 @@ class Run:
     tests: list = field(default_factory=list)  # mode=test dirs that played it (evals has theirs)
 
 
+def run_name(run_dir: Path, given: list) -> str:
+    """A run's name in a report: its path relative to what was given (their common dir), or its own
+    dir's name when it is what was given."""
+    base = given[0] if len(given) == 1 else Path(os.path.commonpath(given))
+    if run_dir == base:
+        return run_dir.name
+    return str(run_dir.relative_to(base) if run_dir.is_relative_to(base) else run_dir)
+
+
 def load(paths: str | Path | Iterable[str | Path], window: int = 100) -> list[Run]:
     """Every run at or under paths (run dirs and/or multirun dirs), and every run that a mode=test
     dir there played, once each: named relative to what was given, with its config, seed, task,
@@ -276,14 +305,15 @@ def load(paths: str | Path | Iterable[str | Path], window: int = 100) -> list[Ru
             raise FileNotFoundError(f"no runs (no logs.csv) under {path}")
         found.update({d.resolve(): d for d in dirs})  # a run given twice counts once
     found.update({trained: trained for trained in tested if trained not in found})
-    base = paths[0].resolve() if len(paths) == 1 else Path(os.path.commonpath([p.resolve() for p in paths]))
+    # A report's kept runs given beside new ones (keep_runs adds these to them): each kept run keeps
+    # its name; the new ones are named relative to what else was given.
+    given = [p.resolve() for p in paths]
+    kept_roots = [p for p in given if (p / KEPT_MARKER).exists()]
+    others = [p for p in given if p not in kept_roots] if kept_roots else given
     loaded = []
     for resolved in found:
-        name = (
-            resolved.name
-            if resolved == base
-            else str(resolved.relative_to(base) if resolved.is_relative_to(base) else resolved)
-        )
+        root = next((k for k in kept_roots if resolved.is_relative_to(k)), None) if others else None
+        name = run_name(resolved, [root] if root is not None else others or given)
         config = {**read_overrides(resolved), **read_config(resolved)}
         loaded.append(
             Run(
