@@ -3,7 +3,6 @@
 And each env option brings a model that fits it (env=cartpole -> the MLP).
 """
 
-import csv
 import math
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from omegaconf import OmegaConf
 
 from torchbeast_hydra.__main__ import CONFIG_DIR
 
-from helpers import TINY, compose_config, leaves, run_cli
+from helpers import TINY, compose_config, leaves, rows, run_cli
 
 CONF = Path(CONFIG_DIR)
 # Hydra's own groups extend Hydra's schemas; presets and ablations (global overrides of a preset)
@@ -176,8 +175,8 @@ def test_the_control_preset_trains_with_its_ppo_levers(tmp_path):
     )
     config = OmegaConf.load(tmp_path / "run" / ".hydra" / "config.yaml")
     assert config.optim.minibatch_unit == "steps" and config.optim.targets_once and config.vtrace.normalize_rewards
-    rows = list(csv.DictReader(open(tmp_path / "run" / "logs.csv")))
-    assert int(rows[-1]["step"]) >= 1024
-    stds = [float(row["return_std"]) for row in rows if row.get("return_std")]
+    logged = rows(tmp_path / "run")
+    assert int(logged[-1]["step"]) >= 1024
+    stds = [float(row["return_std"]) for row in logged if row.get("return_std")]
     assert stds and all(math.isfinite(std) and std > 0 for std in stds)  # the rewards' running spread, learned
-    assert all(math.isfinite(float(row["total_loss"])) for row in rows if row.get("total_loss"))
+    assert all(math.isfinite(float(row["total_loss"])) for row in logged if row.get("total_loss"))

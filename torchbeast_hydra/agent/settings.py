@@ -36,7 +36,7 @@ class ModelConfig:
     # IMPALA's agents have them. false: the observation alone, as PPO's MLP policy (docs/control.md).
     feedback: bool = True
     # Box actions: the Gaussian's log standard deviation at the start (learned from there; 0: std 1,
-    # CleanRL's PPO). Lower starts exploring less (Andrychowicz et al. 2020 found std ~0.5 better).
+    # CleanRL's PPO). Lower explores less at first (Andrychowicz et al. 2020 recommend std ~0.5).
     init_log_std: float = 0.0
 
 
