@@ -280,7 +280,7 @@ class Run:
     tests: list = field(default_factory=list)  # mode=test dirs that played it (evals has theirs)
 
 
-def run_name(run_dir: Path, given: list) -> str:
+def _run_name(run_dir: Path, given: list) -> str:
     """A run's name in a report: its path relative to what was given (their common dir), or its own
     dir's name when it is what was given."""
     base = given[0] if len(given) == 1 else Path(os.path.commonpath(given))
@@ -309,11 +309,11 @@ def load(paths: str | Path | Iterable[str | Path], window: int = 100) -> list[Ru
     # its name; the new ones are named relative to what else was given.
     given = [p.resolve() for p in paths]
     kept_roots = [p for p in given if (p / KEPT_MARKER).exists()]
-    others = [p for p in given if p not in kept_roots] if kept_roots else given
+    others = [p for p in given if p not in kept_roots]
     loaded = []
     for resolved in found:
         root = next((k for k in kept_roots if resolved.is_relative_to(k)), None) if others else None
-        name = run_name(resolved, [root] if root is not None else others or given)
+        name = _run_name(resolved, [root] if root is not None else others or given)
         config = {**read_overrides(resolved), **read_config(resolved)}
         loaded.append(
             Run(
