@@ -248,6 +248,11 @@ def main() -> None:
                 started = time.monotonic()
                 sweep_dir = out / arm / f"seed{seed}"
                 run(train_command(out, seed, arm, args))
+                if member_scores(sweep_dir, args.members, args.steps) is None:
+                    # A member that never started (submitit's local launcher loses one now and then under
+                    # load): the arm once more; its finished members resume at their end and stop.
+                    print(f"seed {seed}, {arm}: a member fell short; the arm again", flush=True)
+                    run(train_command(out, seed, arm, args))
                 if member_scores(sweep_dir, args.members, args.steps) is not None:  # else a member fell short
                     run(test_command(out, seed, arm, args))
                 if played(test_dir) is not None:
