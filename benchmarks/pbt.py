@@ -107,11 +107,14 @@ def played(test_dir: Path) -> float | None:
 
 def thin(sweep_dir: Path, test_dir: Path) -> None:
     """Logs only: the checkpoints (the members' and the published ones), submitit's pickles, links,
-    and of each member's logs.csv the columns the report and this summary read (runs.REPORT_COLUMNS)."""
+    of each member's logs.csv the columns the report and this summary read (runs.REPORT_COLUMNS),
+    and of its .hydra/hydra.yaml the config group choices."""
     for path in sweep_dir.rglob("checkpoint*.pt"):
         path.unlink()
     for logs in sweep_dir.glob("pbt.member=*/logs.csv"):
         runs.write_report_columns(logs, logs)
+    for hydra_yaml in sweep_dir.glob("pbt.member=*/.hydra/hydra.yaml"):
+        runs.write_hydra_choices(hydra_yaml, hydra_yaml)
     shutil.rmtree(sweep_dir / ".submitit", ignore_errors=True)
     for path in [*test_dir.iterdir(), *sweep_dir.rglob("*")]:
         if path.is_symlink():

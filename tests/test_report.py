@@ -354,11 +354,19 @@ def test_a_report_keeps_its_runs_and_is_drawn_again_from_them_alone(sweep, tmp_p
         writer = csv.DictWriter(f, list(row))
         writer.writeheader()
         writer.writerow(row)
+    hydra_yaml = sweep / "0" / ".hydra" / "hydra.yaml"  # Hydra's own config holds much more than the choices
+    hydra = yaml.safe_load(hydra_yaml.read_text())
+    hydra["hydra"]["runtime"]["cwd"] = str(tmp_path)
+    hydra["hydra"]["job"] = dict(name="__main__", chdir=False)
+    hydra_yaml.write_text(yaml.safe_dump(hydra))
     options = report.Options(targets={"": 1.0}, reps=200, keep_runs=True)
     first = report.write_report([sweep, tmp_path / "test"], tmp_path / "out", options)
     kept = tmp_path / "out" / "runs"
     with open(kept / "multirun" / "0" / "logs.csv", newline="") as f:
         assert csv.DictReader(f).fieldnames == list(runs.REPORT_COLUMNS)  # the columns read, no more
+    hydra_kept = yaml.safe_load((kept / "multirun" / "0" / ".hydra" / "hydra.yaml").read_text())
+    assert list(hydra_kept) == ["hydra"] and list(hydra_kept["hydra"]) == ["runtime"]  # the choices, no more
+    assert runs.read_config(kept / "multirun" / "0") == runs.read_config(sweep / "0")
     assert "`python -m torchbeast_hydra.analysis.report runs --out . --target 1 --reps 200`, run in this dir" in (
         first["report"].read_text()
     )

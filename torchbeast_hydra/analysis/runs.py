@@ -89,8 +89,9 @@ def _trained_run(test_dir: Path) -> Optional[Path]:
     return trained if (trained / "logs.csv").exists() else None
 
 
-# What a report reads of a run, which copy_run keeps: its config, its evaluations, and of logs.csv
-# only the columns read (about a tenth of a Pong run's whole log, which is megabytes).
+# What a report reads of a run, which copy_run keeps: its config, its evaluations, of Hydra's own
+# config the group choices, and of logs.csv only the columns read (about a tenth of a Pong run's
+# whole log, which is megabytes).
 REPORT_FILES = (".hydra/config.yaml", ".hydra/overrides.yaml", ".hydra/hydra.yaml", "eval.csv")
 REPORT_COLUMNS = ("step", "time_s", "episode_returns")
 
@@ -105,12 +106,21 @@ def copy_run(run_dir: str | Path, dest: str | Path, tests: Iterable[str | Path] 
     for name in REPORT_FILES:
         if (run_dir / name).exists():
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(run_dir / name, dest / name)
+            copy = write_hydra_choices if name.endswith("hydra.yaml") else shutil.copyfile
+            copy(run_dir / name, dest / name)
     write_report_columns(run_dir / "logs.csv", dest / "logs.csv")
     for i, test_dir in enumerate(tests):  # no link back to the copy: a cycle that site builders follow
         kept = dest / KEPT_TESTS / str(i)
         kept.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(Path(test_dir) / "eval.csv", kept / "eval.csv")
+
+
+def write_hydra_choices(hydra_yaml: Path, dest: Path) -> None:
+    """Of Hydra's own config (.hydra/hydra.yaml, ~8 kB) only what a report reads, the config group
+    choices (read_config), to dest, which may be hydra_yaml itself: a kept run's at ~1/20 its size."""
+    hydra = (yaml.safe_load(hydra_yaml.read_text()) or {}).get("hydra") or {}
+    choices = (hydra.get("runtime") or {}).get("choices") or {}
+    dest.write_text(yaml.safe_dump({"hydra": {"runtime": {"choices": choices}}}, sort_keys=False))
 
 
 def write_report_columns(logs: Path, dest: Path) -> None:
