@@ -21,6 +21,7 @@ from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning import settings, vtrace
 from torchbeast_hydra.learning.learner import (
     Learner,
+    LossInputs,
     NonFiniteUpdate,
     baseline_term,
     compute_losses,
@@ -966,3 +967,48 @@ def test_clipped_value_loss_takes_the_larger_error_of_the_value_and_the_clipped_
     got = baseline_term(clipped)
     torch.testing.assert_close(got, expected)
     assert got.item() > baseline_term(plain).item()
+
+
+def anchored_update(anchor: str) -> tuple[dict, LossInputs]:
+    """One pass, one minibatch of steps, PPO's clips, behaviour logits and values far from the
+    learner's: the update's figures and the LossInputs its one optimiser step learned from."""
+    cfg = steps_cfg()
+    cfg.vtrace.ppo_clip, cfg.vtrace.value_clip, cfg.vtrace.ppo_anchor = 0.2, 0.1, anchor
+    learner = make_learner(cfg)
+    batch = learner_batch(cfg)
+    batch["policy_logits"] = batch["policy_logits"] * 3.0
+    batch["baseline"] = torch.full_like(batch["baseline"], 5.0)
+    taken = []
+    original = learner._steps_inputs
+    learner._steps_inputs = lambda *args: taken.append(original(*args)) or taken[-1]
+    return learner.update(batch, ()), taken[0]
+
+
+def test_learner_anchor_takes_the_clips_against_the_passs_start_and_weights_the_actors_lag():
+    """vtrace.ppo_anchor=learner: at a pass's first step the learner is its own anchor, so no ratio
+    is clipped and the value clip holds nothing back; the behaviour's lag is a clipped weight."""
+    by_behaviour, _ = anchored_update("behaviour")
+    by_learner, inputs = anchored_update("learner")
+    assert by_behaviour["ppo_clip_fraction"] > 0.3 and by_learner["ppo_clip_fraction"] == 0.0
+    torch.testing.assert_close(inputs.anchor_log_probs, inputs.log_probs.detach())
+    torch.testing.assert_close(inputs.anchor_values, inputs.outputs["baseline"].detach())
+    weights = torch.exp(inputs.log_probs - inputs.behaviour_log_probs).detach().clamp(max=1.0)
+    torch.testing.assert_close(inputs.anchor_weights, weights)
+    assert 0 < weights.min() < 1 and weights.max() == 1.0  # the lag weighs some steps down, none up
+    # Ratios of 1: the surrogate is the weighted advantages, the value loss the plain squared error.
+    assert by_learner["pg_loss"] == pytest.approx(-(inputs.advantages * weights).sum().item(), rel=1e-5)
+    plain = 0.5 * ((inputs.targets.vs - inputs.outputs["baseline"]) ** 2).sum().item()
+    assert by_learner["baseline_loss"] == pytest.approx(0.5 * plain, rel=1e-5)  # times baseline_cost
+    assert by_behaviour["baseline_loss"] > 2 * by_learner["baseline_loss"]  # clipped towards the far 5.0
+
+
+def test_learner_anchor_needs_ppos_clip_and_minibatches_of_steps():
+    cfg = steps_cfg()
+    cfg.vtrace.ppo_anchor = "learner"
+    with pytest.raises(ConfigError, match="vtrace.ppo_anchor=learner needs vtrace.ppo_clip"):
+        settings.check(cfg)
+    cfg.vtrace.ppo_clip, cfg.optim.minibatch_unit = 0.2, "unrolls"
+    with pytest.raises(ConfigError, match="optim.minibatch_unit=steps"):
+        settings.check(cfg)
+    cfg.optim.minibatch_unit = "steps"
+    settings.check(cfg)

@@ -43,6 +43,7 @@ from torchbeast_hydra.learning.settings import (
     OnNonFinite,
     OptimConfig,
     OptimName,
+    PpoAnchor,
     RewardClipping,
     VtraceConfig,
 )
@@ -61,7 +62,9 @@ class LossInputs:
     dist: the action distribution (log_prob, entropy, kl of policy_logits; distributions.py);
     value_scale: the value targets' scale with model.normalize_values (PopArt), else 1: the value
     loss and the advantages are in units of it. return_std: what the rewards were divided by
-    (vtrace.normalize_rewards), else 1.
+    (vtrace.normalize_rewards), else 1. anchor_log_probs, anchor_values: what PPO's clipped
+    surrogate and value loss are taken against (vtrace.ppo_anchor: the behaviour's by default),
+    and anchor_weights each step's importance weight from the behaviour to that anchor (else 1).
     """
 
     cfg: VtraceConfig
@@ -77,6 +80,15 @@ class LossInputs:
     advantages: torch.Tensor
     value_scale: torch.Tensor | float = 1.0
     return_std: torch.Tensor | float = 1.0
+    anchor_log_probs: torch.Tensor | None = None
+    anchor_values: torch.Tensor | None = None
+    anchor_weights: torch.Tensor | float = 1.0
+
+    def __post_init__(self):
+        if self.anchor_log_probs is None:
+            self.anchor_log_probs = self.behaviour_log_probs
+        if self.anchor_values is None:
+            self.anchor_values = self.steps["baseline"]  # the acting policy's values of the same states
 
 
 # A loss term: LossInputs -> a scalar tensor (summed over time and batch, as in TorchBeast).
@@ -84,25 +96,27 @@ LossTerm = Callable[[LossInputs], torch.Tensor]
 
 
 def policy_gradient_term(inputs: LossInputs) -> torch.Tensor:
-    """IMPALA's policy gradient, or with vtrace.ppo_clip PPO's clipped surrogate on pi/mu."""
+    """IMPALA's policy gradient, or with vtrace.ppo_clip PPO's clipped surrogate on pi over its
+    anchor (the behaviour policy, or with vtrace.ppo_anchor=learner the learner's at the pass's start)."""
     advantages, clip = inputs.advantages.detach(), inputs.cfg.ppo_clip
     if clip is None:
         return -(inputs.log_probs * advantages * inputs.mask).sum()
-    ratio = torch.exp(inputs.log_probs - inputs.behaviour_log_probs)
-    surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)
+    ratio = torch.exp(inputs.log_probs - inputs.anchor_log_probs)
+    surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages) * inputs.anchor_weights
     # where(), not a product: a padded step's ratio may be inf, and inf * 0 is NaN.
     return -torch.where(inputs.mask > 0, surrogate, torch.zeros_like(surrogate)).sum()
 
 
 def baseline_term(inputs: LossInputs) -> torch.Tensor:
     """The value's squared error; with vtrace.value_clip, PPO's clipped value loss: the larger of it
-    and the squared error of the behaviour's value moved at most value_clip towards the learner's."""
+    and the squared error of the anchor's value (vtrace.ppo_anchor) moved at most value_clip towards
+    the learner's."""
     values, targets, scale = inputs.outputs["baseline"], inputs.targets.vs, inputs.value_scale
     errors = (targets - values) / scale
     clip = inputs.cfg.value_clip
     if clip is not None:
-        behaviour = inputs.steps["baseline"]  # the acting policy's values of the same states
-        clipped = behaviour + (values - behaviour).clamp(-clip * scale, clip * scale)
+        anchor = inputs.anchor_values
+        clipped = anchor + (values - anchor).clamp(-clip * scale, clip * scale)
         errors = torch.maximum(errors.abs(), ((targets - clipped) / scale).abs())
     return 0.5 * ((errors**2) * inputs.mask).sum()
 
@@ -220,6 +234,14 @@ def loss_inputs(
         log_probs=target_log_probs, behaviour_log_probs=behavior_log_probs, advantages=advantages,
         value_scale=value_scale, return_std=return_std,
     )  # fmt: skip
+
+
+def lag_weights(anchor: torch.Tensor, behaviour: torch.Tensor, rho_bar: float | None) -> torch.Tensor:
+    """Each step's importance weight from the behaviour policy to the anchor (their log-probs of the
+    action taken), clipped at rho_bar as V-trace's policy gradient clips it: vtrace.ppo_anchor=learner's
+    correction for the actors' lag."""
+    weights = torch.exp(anchor - behaviour).detach()
+    return weights if rho_bar is None else weights.clamp(max=rho_bar)
 
 
 def target_moments(targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -462,12 +484,21 @@ class Learner:
             advantages = standardised(advantages, mask)
         else:
             advantages = advantages / value_scale
+        behaviour_log_probs = pick(whole.behaviour_log_probs)
+        anchor = {}
+        if PpoAnchor(self.vtrace_cfg.ppo_anchor) is PpoAnchor.learner:  # the learner at the pass's start
+            start = pick(whole.log_probs)
+            anchor = dict(
+                anchor_log_probs=start,
+                anchor_values=pick(whole.outputs["baseline"]),
+                anchor_weights=lag_weights(start, behaviour_log_probs, self.vtrace_cfg.clip_pg_rho_threshold),
+            )
         return LossInputs(
             self.vtrace_cfg, taken, outputs, whole.bootstrap_value, pick(whole.rewards), mask,
             vtrace.VTraceReturns(vs=pick(whole.targets.vs), pg_advantages=pick(whole.targets.pg_advantages)),
             whole.dist, log_probs=whole.dist.log_prob(outputs["policy_logits"], taken["action"]),
-            behaviour_log_probs=pick(whole.behaviour_log_probs), advantages=advantages, value_scale=value_scale,
-            return_std=whole.return_std,
+            behaviour_log_probs=behaviour_log_probs, advantages=advantages, value_scale=value_scale,
+            return_std=whole.return_std, **anchor,
         )  # fmt: skip
 
     def _step(self, inputs_of: Callable) -> list:

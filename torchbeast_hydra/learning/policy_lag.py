@@ -69,8 +69,8 @@ def without_rollouts(batch: dict, columns: torch.Tensor) -> dict:
 def divergence(inputs) -> dict:
     """The behaviour and learner policies apart, over a step's real steps (a LossInputs, learner.py):
     policy_kl = KL(behaviour || learner), rho_clip_fraction = the share of importance ratios above
-    vtrace.clip_rho_threshold, and with vtrace.ppo_clip ppo_clip_fraction = the share outside
-    [1 - clip, 1 + clip]. Tensors (no host sync), detached."""
+    vtrace.clip_rho_threshold, and with vtrace.ppo_clip ppo_clip_fraction = the share of the
+    surrogate's ratios (against vtrace.ppo_anchor) outside [1 - clip, 1 + clip]. Tensors (no host sync), detached."""
     with torch.no_grad():
         mask = inputs.mask > 0
         count = mask.sum().clamp(min=1)
@@ -85,6 +85,7 @@ def divergence(inputs) -> dict:
         if rho_bar is not None:
             figures["rho_clip_fraction"] = share(log_rhos > math.log(rho_bar))
         clip = inputs.cfg.ppo_clip
-        if clip is not None:
-            figures["ppo_clip_fraction"] = share((torch.exp(log_rhos) - 1).abs() > clip)
+        if clip is not None:  # the surrogate's ratios, against its anchor (vtrace.ppo_anchor)
+            ratios = torch.exp(inputs.log_probs - inputs.anchor_log_probs)
+            figures["ppo_clip_fraction"] = share((ratios - 1).abs() > clip)
         return figures

@@ -35,6 +35,18 @@ class MinibatchUnit(enum.Enum):
     steps = "steps"
 
 
+class PpoAnchor(enum.Enum):
+    """What PPO's clipped surrogate and clipped value loss are taken against (vtrace.ppo_anchor)."""
+
+    # The acting policy and its values (Sample Factory's APPO): with asynchronous actors, weights
+    # some updates old, so a batch's ratios start away from 1 and the clip bites early.
+    behaviour = "behaviour"
+    # The learner's own policy and values at the start of the pass over the batch (the weights the
+    # targets came from: PPO's "old" policy), each step weighted by min(rho-bar, anchor/behaviour)
+    # for the actors' lag: the decoupled objective of Hilton et al. 2021. optim.minibatch_unit=steps.
+    learner = "learner"
+
+
 class RewardClipping(enum.Enum):
     abs_one = "abs_one"  # to [-1, 1], as in IMPALA on Atari
     none = "none"
@@ -57,6 +69,7 @@ class VtraceConfig:
     # min(r A, clip(r, 1 - ppo_clip, 1 + ppo_clip) A), r = pi/mu against the behaviour policy and
     # A = r_t + gamma * vs_{t+1} - V(x_t). What makes optim.epochs > 1 safe. null: IMPALA's gradient.
     ppo_clip: Optional[float] = None
+    ppo_anchor: PpoAnchor = PpoAnchor.behaviour  # what the ratio and value_clip are taken against (PpoAnchor)
     normalize_advantages: bool = False  # the policy gradient's advantages standardised per minibatch
     # PPO's reward normalisation (gymnasium's NormalizeReward, CleanRL's MuJoCo PPO): rewards (after
     # clipping and reward_scale) divided by a running standard deviation of the discounted return,
@@ -194,5 +207,11 @@ def check(cfg) -> None:
             "optim.minibatch_unit=steps needs a feed-forward model: an LSTM learns from whole unrolls "
             "(model.use_lstm=false, or optim.minibatch_unit=unrolls).",
         )
+    require(
+        PpoAnchor(vtrace.ppo_anchor) is PpoAnchor.behaviour
+        or (vtrace.ppo_clip is not None and MinibatchUnit(optim.minibatch_unit) is MinibatchUnit.steps),
+        "vtrace.ppo_anchor=learner needs vtrace.ppo_clip and optim.minibatch_unit=steps: the anchor is the "
+        "learner at the start of each pass over the batch, which only that pass computes.",
+    )
     if OptimName(optim.name) is OptimName.adam:
         require(len(optim.betas) == 2, "optim.betas must have two values, e.g. [0.9,0.999].")
