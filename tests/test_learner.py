@@ -385,6 +385,10 @@ def test_update_reports_the_losses_of_the_model_outputs():
     stats = learner.update(batch, ())
     for key, value in expected.items():
         assert stats[key] == pytest.approx(value.item(), rel=1e-5), key
+    # The policy's entropy a step, though entropy_cost weighs it: near log(A) for a fresh, near-uniform head.
+    per_step = -expected["entropy_loss"].item() / cfg.vtrace.entropy_cost / batch["mask"][1:].sum().item()
+    assert stats["policy_entropy"] == pytest.approx(per_step)
+    assert stats["policy_entropy"] == pytest.approx(math.log(SPEC.actions.nvec[0]), rel=1e-3)
 
 
 def test_learning_rate_anneals_linearly_to_zero():

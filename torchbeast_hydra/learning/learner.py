@@ -125,6 +125,13 @@ def entropy_term(inputs: LossInputs) -> torch.Tensor:
     return -(inputs.dist.entropy(inputs.outputs["policy_logits"]) * inputs.mask).sum()
 
 
+def policy_entropy(inputs: LossInputs) -> torch.Tensor:
+    """The learner policy's mean entropy over the real steps, logged whatever entropy_cost: its
+    collapse, or a Gaussian's spread that will not shrink, shows here first."""
+    with torch.no_grad():
+        return -entropy_term(inputs) / inputs.mask.sum().clamp(min=1)
+
+
 # IMPALA's terms: name -> (term, the vtrace config field holding its cost; None: cost 1).
 BUILTIN_TERMS = {
     "pg_loss": (policy_gradient_term, None),
@@ -510,6 +517,7 @@ class Learner:
         with _stage("learner/losses"):
             losses = weighted_losses(inputs, self.loss_terms)
             apart = divergence(inputs)  # how far the behaviour policy is from this one
+            apart["policy_entropy"] = policy_entropy(inputs)
         with _stage("learner/backward"):
             self.optimizer.zero_grad(set_to_none=True)
             losses["total_loss"].backward()
