@@ -88,7 +88,7 @@ class LossInputs:
         if self.anchor_log_probs is None:
             self.anchor_log_probs = self.behaviour_log_probs
         if self.anchor_values is None:
-            self.anchor_values = self.steps["baseline"]  # the acting policy's values of the same states
+            self.anchor_values = self.steps.get("baseline")  # the acting policy's values of the same states
 
 
 # A loss term: LossInputs -> a scalar tensor (summed over time and batch, as in TorchBeast).
