@@ -389,6 +389,10 @@ def test_update_reports_the_losses_of_the_model_outputs():
     per_step = -expected["entropy_loss"].item() / cfg.vtrace.entropy_cost / batch["mask"][1:].sum().item()
     assert stats["policy_entropy"] == pytest.approx(per_step)
     assert stats["policy_entropy"] == pytest.approx(math.log(SPEC.actions.nvec[0]), rel=1e-3)
+    cfg.vtrace.entropy_cost = 0.0  # no cost: no entropy loss, the entropy still logged
+    stats = make_learner(cfg).update(batch, ())
+    assert stats["entropy_loss"] == 0.0
+    assert stats["policy_entropy"] == pytest.approx(math.log(SPEC.actions.nvec[0]), rel=1e-3)
 
 
 def test_learning_rate_anneals_linearly_to_zero():

@@ -125,11 +125,13 @@ def entropy_term(inputs: LossInputs) -> torch.Tensor:
     return -(inputs.dist.entropy(inputs.outputs["policy_logits"]) * inputs.mask).sum()
 
 
-def policy_entropy(inputs: LossInputs) -> torch.Tensor:
+def policy_entropy(inputs: LossInputs, losses: dict, cost: float) -> torch.Tensor:
     """The learner policy's mean entropy over the real steps, logged whatever entropy_cost: its
-    collapse, or a Gaussian's spread that will not shrink, shows here first."""
+    collapse, or a Gaussian's spread that will not shrink, shows here first. Read off the weighted
+    entropy loss where it has a cost, so that it is computed once a step either way."""
     with torch.no_grad():
-        return -entropy_term(inputs) / inputs.mask.sum().clamp(min=1)
+        term = losses["entropy_loss"] / cost if cost else entropy_term(inputs)
+        return -term / inputs.mask.sum().clamp(min=1)
 
 
 # IMPALA's terms: name -> (term, the vtrace config field holding its cost; None: cost 1).
@@ -182,8 +184,10 @@ def compute_losses(
 
 
 def weighted_losses(inputs: LossInputs, terms: dict) -> dict:
-    """Each term of `terms` (loss_terms) on the inputs times its cost, and their sum, total_loss."""
-    losses = {name: cost * term(inputs) for name, (term, cost) in terms.items()}
+    """Each term of `terms` (loss_terms) on the inputs times its cost, and their sum, total_loss.
+    A term whose cost is 0 is not computed (it is 0: say entropy_cost=0, MuJoCo's)."""
+    zero = inputs.mask.new_zeros(())
+    losses = {name: cost * term(inputs) if cost else zero for name, (term, cost) in terms.items()}
     return dict(total_loss=sum(losses.values()), **losses)
 
 
@@ -517,7 +521,7 @@ class Learner:
         with _stage("learner/losses"):
             losses = weighted_losses(inputs, self.loss_terms)
             apart = divergence(inputs)  # how far the behaviour policy is from this one
-            apart["policy_entropy"] = policy_entropy(inputs)
+            apart["policy_entropy"] = policy_entropy(inputs, losses, self.loss_terms["entropy_loss"][1])
         with _stage("learner/backward"):
             self.optimizer.zero_grad(set_to_none=True)
             losses["total_loss"].backward()
