@@ -1,3 +1,5 @@
+import sys
+
 import numpy as np
 import pytest
 
@@ -45,6 +47,18 @@ def test_a_family_id_without_its_env_option_names_the_option():
     # With the family's module imported, an unknown id of it gets the usual close matches.
     with pytest.raises(ConfigError, match="Did you mean MiniGrid-DoorKey-6x6-v0"):
         probe_env(EnvConfig(id="MiniGrid-DoorKey-6x7-v0", imports=["minigrid"]))
+
+
+def test_box2d_tasks_make_with_the_extra_and_name_it_without(monkeypatch):
+    pytest.importorskip("Box2D")
+    spec = probe_env(EnvConfig(id="LunarLander-v3"))
+    assert spec.obs_shape == (8,) and spec.actions.nvec[0] == 4
+    # Without Box2D, gymnasium's advice (swig, then gymnasium[box2d]) gives way to our extra.
+    monkeypatch.setitem(sys.modules, "Box2D", None)
+    for module in [m for m in sys.modules if m.startswith("gymnasium.envs.box2d")]:
+        monkeypatch.delitem(sys.modules, module)
+    with pytest.raises(ConfigError, match=r'LunarLander-v3.*the box2d extra: pip install "torchbeast_hydra\[box2d\]"'):
+        make_env(EnvConfig(id="LunarLander-v3"))
 
 
 def test_bounded_box_actions_are_accepted_and_clipped_at_the_env():

@@ -254,6 +254,37 @@ def test_the_packaged_baselines_say_where_each_number_was_read():
     assert known["MountainCar-v0"].normaliser()["name"] == "solved"
 
 
+def uniform_random_return(env_id: str, episodes: int = 100) -> float:
+    """The protocol at the top of baselines.yaml for the random scores this project measured."""
+    import gymnasium as gym
+
+    env = gym.make(env_id)
+    env.action_space.seed(0)
+    returns = []
+    for episode in range(episodes):
+        env.reset(seed=episode)
+        total, done = 0.0, False
+        while not done:
+            _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+    return float(np.mean(returns))
+
+
+MEASURED_HERE = ["CartPole-v1", "Acrobot-v1", "MountainCar-v0", "LunarLander-v3", "InvertedPendulum-v5"]
+
+
+@pytest.mark.parametrize("task", MEASURED_HERE)
+def test_the_random_scores_this_project_measured_are_what_its_protocol_gives(task):
+    if task == "LunarLander-v3":
+        pytest.importorskip("Box2D")
+    if task.startswith("Inverted"):
+        pytest.importorskip("mujoco")
+    random = baselines.load_baselines()[task].random
+    assert random["source"].startswith("measured by this project")
+    assert round(uniform_random_return(task), 2) == random["score"]
+
+
 def test_the_command_writes_the_report(sweep, tmp_path):
     command = [sys.executable, "-m", "torchbeast_hydra.analysis.report", sweep, "--target", "0", "--reps", "200"]
     for _ in range(2):  # the second reads the sweep again, not the copies the first kept under it

@@ -129,6 +129,11 @@ def _is_nethack(env: gym.Env) -> bool:
     return nle_base is not None and isinstance(env.unwrapped, nle_base.NLE)
 
 
+# gymnasium's tasks whose simulator is an extra of ours (pyproject.toml): a word of gymnasium's
+# DependencyNotInstalled message -> the extra.
+SIMULATOR_EXTRAS = {"mujoco": "mujoco", "box2d": "box2d"}
+
+
 def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
     """One gymnasium env for cfg.id; Atari ids get TorchBeast's preprocessing."""
     spec = find_spec(cfg.id, cfg.imports)
@@ -146,10 +151,11 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
     try:
         env = gym.make(spec, **kwargs)
     except gym.error.DependencyNotInstalled as error:
-        if "mujoco" in str(error).lower():
+        extra = next((extra for word, extra in SIMULATOR_EXTRAS.items() if word in str(error).lower()), None)
+        if extra is not None:  # gymnasium's own advice (gymnasium[box2d] builds box2d-py with swig) is not ours
             raise ConfigError(
-                f'env.id={cfg.id!r} is a MuJoCo task: pip install "torchbeast_hydra[mujoco]" '
-                '(in a checkout: pip install ".[mujoco]").'
+                f'env.id={cfg.id!r} needs the {extra} extra: pip install "torchbeast_hydra[{extra}]" '
+                f'(in a checkout: pip install ".[{extra}]").'
             ) from None
         raise ConfigError(f"could not create env.id={cfg.id!r}: {error}") from None
     except gym.error.Error as error:
