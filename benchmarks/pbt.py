@@ -3,8 +3,10 @@
     python benchmarks/pbt.py                                  # Acrobot-v1, 8 members, seeds 1 2 3
     python benchmarks/pbt.py --seeds 1 2 3 4 5 --steps 150000 --interval 10000
     python benchmarks/pbt.py --report-only                    # the summary, figures and table from the runs kept
+    python benchmarks/pbt.py --task LunarLander-v3 --steps 300000 --out DIR --report DIR  # another task
 
-The task: Acrobot-v1 (experiment=suite_classic's task) on experiment=cartpole's settings, where the
+The task (--task, an env id; Acrobot-v1 by default, the first two tests' task, docs/pbt.md):
+Acrobot-v1 (experiment=suite_classic's task) on experiment=cartpole's settings, where the
 hyperparameters decide whether it learns at all: at the preset's reward scale (1) it never does
 (docs/results.md, the laptop suite: the critic's errors swamp the shared MLP), at 0.1 it does by
 ~100k steps, and at a learning rate of 1e-3 one seed of five did not. Three live keys are drawn
@@ -47,7 +49,7 @@ from torchbeast_hydra.pbt import population
 
 REPO = Path(__file__).resolve().parent.parent
 ARMS = {"pbt": "pbt.exploit=true", "fixed": "pbt.exploit=false"}
-TASK = ("experiment=cartpole", "env.id=Acrobot-v1")
+PRESET = "experiment=cartpole"  # an MLP on experiment=cartpole's settings, for each --task
 RANGES = (
     "pbt.mutate.optim.learning_rate.low=0.0001",
     "pbt.mutate.optim.learning_rate.high=0.03",
@@ -59,7 +61,7 @@ T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8:
 
 def train_command(out: Path, seed: int, arm: str, args) -> list[str]:
     return [
-        sys.executable, "-m", "torchbeast_hydra", "-m", *TASK,
+        sys.executable, "-m", "torchbeast_hydra", "-m", PRESET, f"env.id={args.task}",
         "pbt=default", f"pbt.population={args.members}", "pbt.start=resample", *RANGES, ARMS[arm],
         f"seed={seed}", f"total_steps={args.steps}", f"pbt.interval_steps={args.interval}",
         # 8 members on a 2-core box: one actor and one torch thread each.
@@ -74,7 +76,8 @@ def train_command(out: Path, seed: int, arm: str, args) -> list[str]:
 def test_command(out: Path, seed: int, arm: str, args) -> list[str]:
     """mode=test on the arm's population dir: plays the member with the best latest published score."""
     return [
-        sys.executable, "-m", "torchbeast_hydra", *TASK, "mode=test", f"load_dir={out / arm / f'seed{seed}' / 'pbt'}",
+        sys.executable, "-m", "torchbeast_hydra", PRESET, f"env.id={args.task}",
+        "mode=test", f"load_dir={out / arm / f'seed{seed}' / 'pbt'}",
         f"test.num_episodes={args.episodes}", "logger.wandb.mode=disabled",
         f"hydra.run.dir={out / 'test' / arm / f'seed{seed}'}",
     ]  # fmt: skip
@@ -230,6 +233,7 @@ def run(argv: list[str]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--task", default="Acrobot-v1", help="env.id (Acrobot-v1: the first two tests)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--members", type=int, default=8)
     parser.add_argument("--steps", type=int, default=100_000, help="agent steps per member")
