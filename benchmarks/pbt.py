@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from torchbeast_hydra.analysis import runs
-from torchbeast_hydra.logs.metrics import read_rows
+from torchbeast_hydra.logs.metrics import KEPT_LOGS, LOGS, logs_file, read_rows
 from torchbeast_hydra.pbt import population
 
 REPO = Path(__file__).resolve().parent.parent
@@ -85,7 +85,7 @@ def test_command(out: Path, seed: int, arm: str, args) -> list[str]:
 
 def final_train_mean(run_dir: Path, window: int = 100) -> float:
     """The mean return of a run's last `window` training episodes (logs.csv)."""
-    returns = [r for row in read_rows(run_dir / "logs.csv") for r in row["episode_returns"]]
+    returns = [r for row in read_rows(run_dir) for r in row["episode_returns"]]
     return float(np.mean(returns[-window:])) if returns else float("nan")
 
 
@@ -94,7 +94,7 @@ def member_scores(sweep_dir: Path, members: int, steps: int) -> list[float] | No
     scores = []
     for member in range(members):
         run_dir = sweep_dir / f"pbt.member={member}"
-        rows = read_rows(run_dir / "logs.csv") if (run_dir / "logs.csv").exists() else []
+        rows = read_rows(run_dir) if logs_file(run_dir) is not None else []
         if not rows or rows[-1]["step"] < steps:
             return None
         scores.append(final_train_mean(run_dir))
@@ -111,11 +111,13 @@ def played(test_dir: Path) -> float | None:
 def thin(sweep_dir: Path, test_dir: Path) -> None:
     """Logs only: the checkpoints (the members' and the published ones), submitit's pickles, links,
     of each member's logs.csv the columns the report and this summary read (runs.REPORT_COLUMNS),
-    and of its .hydra/hydra.yaml the config group choices."""
+    gzipped as a report's kept runs are (logs.csv.gz), and of its .hydra/hydra.yaml the config
+    group choices."""
     for path in sweep_dir.rglob("checkpoint*.pt"):
         path.unlink()
-    for logs in sweep_dir.glob("pbt.member=*/logs.csv"):
-        runs.write_report_columns(logs, logs)
+    for logs in sweep_dir.glob(f"pbt.member=*/{LOGS}"):
+        runs.write_report_columns(logs, logs.with_name(KEPT_LOGS))
+        logs.unlink()
     for hydra_yaml in sweep_dir.glob("pbt.member=*/.hydra/hydra.yaml"):
         runs.write_hydra_choices(hydra_yaml, hydra_yaml)
     shutil.rmtree(sweep_dir / ".submitit", ignore_errors=True)

@@ -26,10 +26,11 @@ def report_dir(figure: Path) -> Path:
 
 
 def keeps_runs(figure: Path) -> bool:
-    """A runs/ dir beside the figure or above it, within its report, with a run's logs.csv or eval.csv."""
+    """A runs/ dir beside the figure or above it, within its report, with a run's logs (logs.csv.gz
+    as kept, or logs.csv) or eval.csv."""
     for folder in [figure.parent, *figure.parent.parents]:
         runs = folder / "runs"
-        if runs.is_dir() and any(p.name in ("logs.csv", "eval.csv") for p in runs.rglob("*.csv")):
+        if runs.is_dir() and any(p.name in ("logs.csv.gz", "logs.csv", "eval.csv") for p in runs.rglob("*.csv*")):
             return True
         if folder == REPORTS:
             return False

@@ -2,6 +2,7 @@
 
 import csv
 import dataclasses
+import gzip
 import json
 import sys
 
@@ -292,7 +293,7 @@ def test_the_command_writes_the_report(sweep, tmp_path):
         result = run_command([*command, "--keep-runs"], timeout=180)
         assert result.returncode == 0, result.stderr
         assert "## HalfCheetah-v5" in result.stdout and f"wrote {sweep / 'report' / 'report.md'}" in result.stdout
-        assert "4 runs in" in result.stdout and (sweep / "report" / "runs" / "3" / "logs.csv").exists()
+        assert "4 runs in" in result.stdout and (sweep / "report" / "runs" / "3" / "logs.csv.gz").exists()
     assert (sweep / "report" / "performance_profile.png").exists()
     bad = run_command([sys.executable, "-m", "torchbeast_hydra.analysis.report", tmp_path / "nothing"], timeout=180)
     assert bad.returncode == 2 and "is not a directory" in bad.stderr
@@ -394,8 +395,13 @@ def test_a_report_keeps_its_runs_and_is_drawn_again_from_them_alone(sweep, tmp_p
     options = report.Options(targets={"": 1.0}, reps=200, keep_runs=True)
     first = report.write_report([sweep, tmp_path / "test"], tmp_path / "out", options)
     kept = tmp_path / "out" / "runs"
-    with open(kept / "multirun" / "0" / "logs.csv", newline="") as f:
+    assert not (kept / "multirun" / "0" / "logs.csv").exists()  # gzipped: logs.csv.gz
+    with gzip.open(kept / "multirun" / "0" / "logs.csv.gz", "rt", newline="") as f:
         assert csv.DictReader(f).fieldnames == list(runs.REPORT_COLUMNS)  # the columns read, no more
+    kept_rows, source_rows = metrics.read_rows(kept / "multirun" / "0"), metrics.read_rows(sweep / "0")
+    assert [(r["step"], r["episode_returns"]) for r in kept_rows] == [
+        (r["step"], r["episode_returns"]) for r in source_rows
+    ]  # the same rows back
     hydra_kept = yaml.safe_load((kept / "multirun" / "0" / ".hydra" / "hydra.yaml").read_text())
     assert list(hydra_kept) == ["hydra"] and list(hydra_kept["hydra"]) == ["runtime"]  # the choices, no more
     assert runs.read_config(kept / "multirun" / "0") == runs.read_config(sweep / "0")
@@ -643,12 +649,12 @@ def test_a_kept_report_takes_runs_finished_since_beside_its_kept_ones(sweep, tmp
     report.write_report([sweep / "0", sweep / "1"], tmp_path / "out", options)
     kept = tmp_path / "out" / "runs"
     assert sorted(p.name for p in kept.iterdir() if p.is_dir()) == ["0", "1"]
-    before = (kept / "0" / "logs.csv").read_bytes()
+    before = (kept / "0" / "logs.csv.gz").read_bytes()
     later = tmp_path / "later" / "seed3"
     write_job(later, "pong", "ALE/Pong-v5", 3, [0.0, 5.0, 9.0])
     again = report.write_report([kept, later], tmp_path / "out", options)
     assert sorted(p.name for p in kept.iterdir() if p.is_dir()) == ["0", "1", "seed3"]
-    assert (kept / "0" / "logs.csv").read_bytes() == before  # the kept copies stay as they are
+    assert (kept / "0" / "logs.csv.gz").read_bytes() == before  # the kept copies stay as they are
     assert pd.read_csv(again["tasks_csv"]).set_index("task").loc["ALE/Pong-v5", "seeds"] == 3  # seeds 1, 2 and 3
     with pytest.raises(ValueError, match="a run named seed3 is kept already"):
         report.write_report([kept, later], tmp_path / "out", options)

@@ -13,7 +13,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from torchbeast_hydra.logs import lineage as population
-from torchbeast_hydra.logs.metrics import read_rows, recent_means
+from torchbeast_hydra.logs.metrics import logs_file, read_rows, recent_means
 
 DPI = 100
 FIXED_COLUMNS = set(population.COLUMNS)
@@ -33,9 +33,9 @@ def member_curves(population_dir: Path, window: int = 100) -> dict[int, tuple[li
             run_dirs[row["member"]] = population_dir / row["run_dir"]
     curves = {}
     for member, run_dir in sorted(run_dirs.items()):
-        if not (run_dir / "logs.csv").exists():
+        if logs_file(run_dir) is None:
             continue
-        rows = read_rows(run_dir / "logs.csv")
+        rows = read_rows(run_dir)
         means = recent_means((row["episode_returns"] for row in rows), window)
         kept = [(row["step"], mean) for row, mean in zip(rows, means) if mean is not None]
         curves[member] = ([s for s, _ in kept], [m for _, m in kept])

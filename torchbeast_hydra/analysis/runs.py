@@ -30,7 +30,16 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from torchbeast_hydra.logs.metrics import CSV_FIELDS, TRAINED_RUN_LINK, read_rows, recent_means
+from torchbeast_hydra.logs.metrics import (
+    CSV_FIELDS,
+    KEPT_LOGS,
+    LOGS,
+    TRAINED_RUN_LINK,
+    logs_file,
+    open_csv,
+    read_rows,
+    recent_means,
+)
 from torchbeast_hydra.logs.sweep_record import is_run_control
 
 RETURN = "recent_return"
@@ -41,11 +50,12 @@ TASK_KEYS = ("env", "env.id")
 
 
 def find_runs(path: str | Path) -> list:
-    """Run dirs (dirs with a logs.csv) at or under path, in natural order (job 2 before 10)."""
+    """Run dirs (dirs with a logs.csv, or a kept run's logs.csv.gz) at or under path, in natural
+    order (job 2 before 10)."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is not a directory")
-    found = [p.parent for p in _files_under(path, "logs.csv")]
+    found = {p.parent for name in (LOGS, KEPT_LOGS) for p in _files_under(path, name)}
     return sorted(found, key=lambda p: natural_key(str(p.relative_to(path))))
 
 
@@ -86,7 +96,7 @@ def _trained_run(test_dir: Path) -> Optional[Path]:
         trained = test_dir.parent.parent.resolve()
     else:
         return None
-    return trained if (trained / "logs.csv").exists() else None
+    return trained if logs_file(trained) is not None else None
 
 
 # What a report reads of a run, which copy_run keeps: its config, its evaluations, of Hydra's own
@@ -108,7 +118,7 @@ def copy_run(run_dir: str | Path, dest: str | Path, tests: Iterable[str | Path] 
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             copy = write_hydra_choices if name.endswith("hydra.yaml") else shutil.copyfile
             copy(run_dir / name, dest / name)
-    write_report_columns(run_dir / "logs.csv", dest / "logs.csv")
+    write_report_columns(logs_file(run_dir), dest / KEPT_LOGS)
     for i, test_dir in enumerate(tests):  # no link back to the copy: a cycle that site builders follow
         kept = dest / KEPT_TESTS / str(i)
         kept.mkdir(parents=True, exist_ok=True)
@@ -124,9 +134,9 @@ def write_hydra_choices(hydra_yaml: Path, dest: Path) -> None:
 
 
 def write_report_columns(logs: Path, dest: Path) -> None:
-    """logs.csv's REPORT_COLUMNS (complete rows) to dest, which may be logs itself: a kept run's
-    logs at a fraction of their size."""
-    with open(logs, newline="") as f:
+    """logs.csv's REPORT_COLUMNS (complete rows) to dest, which may be logs itself, gzipped where
+    its name ends in .gz: a kept run's logs at a fraction of their size."""
+    with open_csv(logs) as f:
         rows = csv.DictReader(f)
         columns = [c for c in REPORT_COLUMNS if c in (rows.fieldnames or ())]
         # A torn last row (the run still writing it) ends the copy.
@@ -134,7 +144,7 @@ def write_report_columns(logs: Path, dest: Path) -> None:
     for row in kept:
         if "episode_returns" in row:
             row["episode_returns"] = shortest_float32(row["episode_returns"])
-    with open(dest, "w", newline="") as out:
+    with open_csv(dest, "w") as out:
         writer = csv.DictWriter(out, columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(kept)
@@ -544,7 +554,7 @@ def latest_runs_dir(root: Optional[str | Path] = None) -> Path:
         newest, when = None, -1.0
         for run_dir in find_runs(base):
             unit = run_dir.parent if (run_dir.parent / "multirun.yaml").exists() else run_dir
-            mtime = (run_dir / "logs.csv").stat().st_mtime
+            mtime = logs_file(run_dir).stat().st_mtime
             if mtime > when:
                 newest, when = unit, mtime
         if newest is not None:

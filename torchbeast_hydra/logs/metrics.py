@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import csv
+import gzip
 import io
 import json
 import logging
@@ -94,15 +95,39 @@ def target_met(scores: Iterable[tuple[int, float]], target: float, confirmations
     return None
 
 
+LOGS = "logs.csv"
+# A kept run's training log (analysis.runs.copy_run): the columns a report reads, gzipped (a third
+# of the text's size; docs/reports/ keeps hundreds). Every reader takes either.
+KEPT_LOGS = "logs.csv.gz"
+
+
+def logs_file(run_dir: str | os.PathLike) -> Path | None:
+    """A run dir's training log: its logs.csv, else a kept run's logs.csv.gz; None if it has neither."""
+    for name in (LOGS, KEPT_LOGS):
+        if (Path(run_dir) / name).is_file():
+            return Path(run_dir) / name
+    return None
+
+
+def open_csv(path: str | os.PathLike, mode: str = "r"):
+    """A csv of this package's for text, gzipped where its name ends in .gz (written without a
+    timestamp, so the same rows give the same bytes)."""
+    if str(path).endswith(".gz"):
+        if "w" in mode:
+            return io.TextIOWrapper(gzip.GzipFile(path, mode + "b", mtime=0), newline="")
+        return gzip.open(path, mode + "t", newline="")
+    return open(path, mode, newline="")
+
+
 def read_rows(path: str | os.PathLike) -> list[dict]:
-    """The rows of a csv this package writes (logs.csv, eval.csv; a run dir means its logs.csv),
-    as dicts: numbers parsed, blank cells None, episode_returns a list. A torn last row (the run
-    is still writing it) is left out. The one reader of these files: plots, reports, benchmarks,
-    the sweeper's objective and the tests all read through it."""
+    """The rows of a csv this package writes (logs.csv or a kept run's logs.csv.gz, eval.csv; a
+    run dir means its training log), as dicts: numbers parsed, blank cells None, episode_returns a
+    list. A torn last row (the run is still writing it) is left out. The one reader of these files:
+    plots, reports, benchmarks, the sweeper's objective and the tests all read through it."""
     path = Path(path)
     if path.is_dir():
-        path = path / "logs.csv"
-    with open(path, newline="") as f:
+        path = logs_file(path) or path / LOGS
+    with open_csv(path) as f:
         raw = list(csv.DictReader(f))
     rows = []
     for row in raw:

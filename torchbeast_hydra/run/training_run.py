@@ -28,7 +28,7 @@ from torchbeast_hydra.env.spaces import EnvSpec
 from torchbeast_hydra.learning import accel
 from torchbeast_hydra.learning.learner import Learner
 from torchbeast_hydra.learning.policy_lag import BehaviourVersions, lag_figures, stale_rollouts, without_rollouts
-from torchbeast_hydra.logs.metrics import CsvLog, Stats, duration
+from torchbeast_hydra.logs.metrics import LOGS, CsvLog, Stats, duration
 from torchbeast_hydra.logs.wandb_log import WandbLog, hydra_labels
 from torchbeast_hydra.run import checkpoint
 from torchbeast_hydra.run.devices import device_name, resolve_device
@@ -90,7 +90,7 @@ class TrainingRun:
         self.run_dir = Path(run_dir)
         self.spec = spec
         self.checkpoint_path = checkpoint.path_in(self.run_dir)
-        self.csv_path = self.run_dir / "logs.csv"
+        self.csv_path = self.run_dir / LOGS
         self._make_learner()
         self._make_stop_events()
         # What others keep in the checkpoint: name -> a function giving its state (e.g. a population
