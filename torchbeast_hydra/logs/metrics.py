@@ -114,8 +114,8 @@ def open_csv(path: str | os.PathLike, mode: str = "r"):
     timestamp, so the same rows give the same bytes)."""
     if str(path).endswith(".gz"):
         if "w" in mode:
-            return io.TextIOWrapper(gzip.GzipFile(path, mode + "b", mtime=0), newline="")
-        return gzip.open(path, mode + "t", newline="")
+            return io.TextIOWrapper(gzip.GzipFile(path, mode + "b", mtime=0), encoding="utf-8", newline="")
+        return gzip.open(path, mode + "t", encoding="utf-8", newline="")
     return open(path, mode, newline="")
 
 
