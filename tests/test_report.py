@@ -437,6 +437,24 @@ def test_kept_logs_write_each_return_as_the_shortest_text_of_its_float32_value(t
     assert "0.38265625," in logs.read_text() and "0.3826562464237213" not in logs.read_text()
 
 
+def test_kept_logs_are_gzipped_the_same_rows_give_the_same_bytes_and_a_plain_log_comes_first(tmp_path, monkeypatch):
+    logs = tmp_path / "run" / "logs.csv"
+    logs.parent.mkdir()
+    logs.write_text('step,time_s,episode_returns,total_loss\n10,1.0,"[1.5, -2.0]",0.5\n20,2.0,[],0.4\n')
+    first, second = tmp_path / "a" / "logs.csv.gz", tmp_path / "b" / "logs.csv.gz"
+    for dest, now in ((first, 1e9), (second, 2e9)):  # written at different times
+        monkeypatch.setattr(gzip.time, "time", lambda now=now: now)
+        dest.parent.mkdir()
+        runs.write_report_columns(logs, dest)
+    assert first.read_bytes()[:2] == b"\x1f\x8b"  # gzip's magic
+    assert first.read_bytes() == second.read_bytes()  # no timestamp: a redrawn report changes no byte
+    assert metrics.logs_file(first.parent) == first and metrics.logs_file(tmp_path) is None
+    assert [(r["step"], r["episode_returns"]) for r in metrics.read_rows(first.parent)] == [(10, [1.5, -2.0]), (20, [])]
+    (first.parent / "logs.csv").write_text("step,time_s,episode_returns\n30,3.0,[]\n")
+    assert metrics.logs_file(first.parent).name == "logs.csv"  # a run's own log, when both are there
+    assert runs.find_runs(tmp_path) == [first.parent, second.parent, logs.parent]  # each dir once, a and b both logs
+
+
 def test_the_peers_measure_is_the_last_100_training_episodes_by_the_budget():
     # Updates at 1,000 steps each; episode returns as they ended.
     train = pd.DataFrame(
