@@ -3,8 +3,10 @@ pipeline mode (no env, no model) runs end to end."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -280,3 +282,28 @@ def test_the_pbt_benchmarks_hodges_lehmann_interval(monkeypatch):
     walsh = sorted((a + b) / 2 for i, a in enumerate(d) for b in d[i:])
     estimate, low, high = pbt.hodges_lehmann(d)
     assert (low, high) == (walsh[3], walsh[-4]) and low < estimate < high
+
+
+def test_the_pbt_benchmark_compares_the_measure_asked_for(monkeypatch, capsys):
+    """--measure greedy compares the picks' greedy play, --measure train the arms' best members by
+    their final training mean; a seed not played in both arms is left out of either."""
+    pbt = import_benchmark(monkeypatch, "pbt")
+    figures = {  # (seed, arm) -> greedy, best training mean
+        (1, "pbt"): (10.0, 100.0), (1, "fixed"): (30.0, 40.0),
+        (2, "pbt"): (-5.0, 90.0), (2, "fixed"): (15.0, 50.0),
+        (3, "pbt"): (0.0, 0.0),
+    }  # fmt: skip
+
+    def arm_result(out, seed, arm, args):
+        if (seed, arm) not in figures:
+            return None
+        greedy, train = figures[seed, arm]
+        return dict(greedy=greedy, train=train, mean=train / 2, member=0, score=train, exploits=0)
+
+    monkeypatch.setattr(pbt, "arm_result", arm_result)
+    for measure, difference in (("greedy", "-20.0"), ("train", "50.0")):
+        args = argparse.Namespace(seeds=[1, 2, 3], measure=measure)
+        pbt.summarise(Path("unused"), args)
+        out = capsys.readouterr().out
+        assert "2 seed(s) finished in both arms" in out and "seed 3:  pbt: picked" in out
+        assert f"pbt - fixed: {difference} " in out, out
