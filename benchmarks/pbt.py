@@ -55,6 +55,7 @@ from torchbeast_hydra.pbt import population
 
 REPO = Path(__file__).resolve().parent.parent
 ARMS = {"pbt": "pbt.exploit=true", "fixed": "pbt.exploit=false"}
+TEXT_LOG = "torchbeast.log"  # each run's text log (Hydra's job logging), not kept
 PRESET = "experiment=cartpole"  # an MLP on experiment=cartpole's settings, for each --task
 RANGES = (
     "pbt.mutate.optim.learning_rate.low=0.0001",
@@ -115,11 +116,12 @@ def played(test_dir: Path) -> float | None:
 
 
 def thin(sweep_dir: Path, test_dir: Path) -> None:
-    """Logs only: the checkpoints (the members' and the published ones), submitit's pickles, links,
-    of each member's logs.csv the columns the report and this summary read (runs.REPORT_COLUMNS),
-    gzipped as a report's kept runs are (logs.csv.gz), and of its .hydra/hydra.yaml the config
+    """What a report reads, as a report's kept runs are: no checkpoints (the members' and the
+    published ones), submitit's pickles, links or text logs (torchbeast.log: its figures are in
+    logs.csv, its lineage in pbt.csv); of each member's logs.csv the columns the report and this
+    summary read (runs.REPORT_COLUMNS), gzipped (logs.csv.gz); of its .hydra/hydra.yaml the config
     group choices."""
-    for path in sweep_dir.rglob("checkpoint*.pt"):
+    for path in [*sweep_dir.rglob("checkpoint*.pt"), *sweep_dir.rglob(TEXT_LOG), *test_dir.glob(TEXT_LOG)]:
         path.unlink()
     for logs in sweep_dir.glob(f"pbt.member=*/{LOGS}"):
         runs.write_report_columns(logs, logs.with_name(KEPT_LOGS))

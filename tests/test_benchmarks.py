@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from torchbeast_hydra.logs.metrics import read_rows
 from torchbeast_hydra.run import thread_trial
 
 from helpers import BENCHMARKS, import_benchmark, run_command, write_run
@@ -307,3 +308,30 @@ def test_the_pbt_benchmark_compares_the_measure_asked_for(monkeypatch, capsys):
         out = capsys.readouterr().out
         assert "2 seed(s) finished in both arms" in out and "seed 3:  pbt: picked" in out
         assert f"pbt - fixed: {difference} " in out, out
+
+
+def test_the_pbt_benchmark_keeps_what_a_report_reads(monkeypatch, tmp_path):
+    """thin(): a played arm keeps its logs' report columns (gzipped), eval.csv and the lineage, and
+    loses checkpoints, text logs and submitit's files; the kept logs read back row for row."""
+    pbt = import_benchmark(monkeypatch, "pbt")
+    sweep, test = tmp_path / "pbt" / "seed1", tmp_path / "test" / "pbt" / "seed1"
+    member = sweep / "pbt.member=0"
+    write_run(member, [], 1, [(640, [1.0], 0.5), (1280, [2.0, 3.0], 0.4)], choices={}, steps_per_s=64)
+    for path in (member / "checkpoint.pt", member / "torchbeast.log", sweep / "pbt" / "pbt.csv",
+                 sweep / "pbt" / "checkpoint_member0.pt", sweep / ".submitit" / "job.pkl", test / "torchbeast.log",
+                 test / "eval.csv"):  # fmt: skip
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x")
+    before = read_rows(member)
+    pbt.thin(sweep, test)
+    kept = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    assert kept == [
+        "pbt/seed1/pbt.member=0/.hydra/config.yaml",
+        "pbt/seed1/pbt.member=0/.hydra/hydra.yaml",
+        "pbt/seed1/pbt.member=0/.hydra/overrides.yaml",
+        "pbt/seed1/pbt.member=0/logs.csv.gz",
+        "pbt/seed1/pbt/pbt.csv",
+        "test/pbt/seed1/eval.csv",
+    ]
+    after = read_rows(member)
+    assert [(r["step"], r["episode_returns"]) for r in after] == [(r["step"], r["episode_returns"]) for r in before]
