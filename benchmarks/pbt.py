@@ -28,8 +28,8 @@ the per-seed differences are normal; with 3 seeds it is wide), and Wilcoxon's si
 exact and two-sided, with the Hodges-Lehmann estimate and its 95% interval (the pre-set analysis
 since the second test, docs/pbt.md). Also printed, not the claim: the other measure, and each arm's
 mean member by its final training mean. While it trains the script prints only each arm's time:
-the figures come once every seed asked for is played in both arms (--report-only prints them
-whenever asked), so a test set beforehand is read once, whole.
+the figures and the report come once every seed asked for is played in both arms (--report-only
+gives them whenever asked), so a test set beforehand is read once, whole.
 
 Runs go to --out (default docs/reports/pbt/runs: <arm>/seed<N> the multiruns, test/<arm>/seed<N>
 the greedy plays); once an arm's member is played, its checkpoints and submitit files are deleted
@@ -285,10 +285,10 @@ def main() -> None:
                 if played(test_dir) is not None:
                     thin(sweep_dir, test_dir)
                 print(f"seed {seed}, {arm}: {time.monotonic() - started:.0f} s", flush=True)
-    if args.report_only or all(arm_result(out, seed, arm, args) for seed in args.seeds for arm in ARMS):
-        summarise(out, args)
-    else:
-        print("Not every seed is played in both arms: the figures wait for them (--report-only prints them now).")
+    if not (args.report_only or all(arm_result(out, seed, arm, args) for seed in args.seeds for arm in ARMS)):
+        print("Not every seed is played in both arms: the figures and the report wait (--report-only: now).")
+        return
+    summarise(out, args)
     sweeps = [out / arm / f"seed{seed}" for arm in ARMS for seed in args.seeds]
     sweeps = [sweep for sweep in sweeps if sweep.is_dir()]
     if sweeps:
