@@ -206,12 +206,16 @@ def arm_result(out: Path, seed: int, arm: str, args) -> dict | None:
         return None
     member, row = population.best_member(sweep_dir / "pbt")
     exploits = sum(r["event"] == "exploit" for r in population.read_table(sweep_dir / "pbt"))
-    return dict(greedy=greedy, train=max(scores), mean=float(np.mean(scores)), member=member, score=row["score"],
-                exploits=exploits)  # fmt: skip
+    train, mean = max(scores), float(np.mean(scores))
+    return dict(greedy=greedy, train=train, mean=mean, member=member, score=row["score"], exploits=exploits)
 
 
-def summarise(out: Path, args) -> None:
-    results = {seed: {arm: arm_result(out, seed, arm, args) for arm in ARMS} for seed in args.seeds}
+def results_by_seed(out: Path, args) -> dict:
+    """seed -> arm -> arm_result (None where that arm is not played)."""
+    return {seed: {arm: arm_result(out, seed, arm, args) for arm in ARMS} for seed in args.seeds}
+
+
+def summarise(results: dict, args) -> None:
     for seed, arms in results.items():
         line = [f"seed {seed}:"]
         for arm, r in arms.items():
@@ -285,10 +289,11 @@ def main() -> None:
                 if played(test_dir) is not None:
                     thin(sweep_dir, test_dir)
                 print(f"seed {seed}, {arm}: {time.monotonic() - started:.0f} s", flush=True)
-    if not (args.report_only or all(arm_result(out, seed, arm, args) for seed in args.seeds for arm in ARMS)):
+    results = results_by_seed(out, args)
+    if not (args.report_only or all(all(arms.values()) for arms in results.values())):
         print("Not every seed is played in both arms: the figures and the report wait (--report-only: now).")
         return
-    summarise(out, args)
+    summarise(results, args)
     sweeps = [out / arm / f"seed{seed}" for arm in ARMS for seed in args.seeds]
     sweeps = [sweep for sweep in sweeps if sweep.is_dir()]
     if sweeps:

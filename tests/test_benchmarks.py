@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -295,16 +294,14 @@ def test_the_pbt_benchmark_compares_the_measure_asked_for(monkeypatch, capsys):
         (3, "pbt"): (0.0, 0.0),
     }  # fmt: skip
 
-    def arm_result(out, seed, arm, args):
-        if (seed, arm) not in figures:
-            return None
-        greedy, train = figures[seed, arm]
+    def arm_result(greedy, train):
         return dict(greedy=greedy, train=train, mean=train / 2, member=0, score=train, exploits=0)
 
-    monkeypatch.setattr(pbt, "arm_result", arm_result)
+    results = {seed: {arm: None for arm in pbt.ARMS} for seed in (1, 2, 3)}
+    for (seed, arm), (greedy, train) in figures.items():
+        results[seed][arm] = arm_result(greedy, train)
     for measure, difference in (("greedy", "-20.0"), ("train", "50.0")):
-        args = argparse.Namespace(seeds=[1, 2, 3], measure=measure)
-        pbt.summarise(Path("unused"), args)
+        pbt.summarise(results, argparse.Namespace(measure=measure))
         out = capsys.readouterr().out
         assert "2 seed(s) finished in both arms" in out and "seed 3:  pbt: picked" in out
         assert f"pbt - fixed: {difference} " in out, out
