@@ -654,3 +654,23 @@ def test_a_sessions_lent_rows_are_read_in_place_and_given_back_once_the_learner_
     rollouts.put(*chunk(5, 1), stopping)
     rollouts.get_batch(1, lambda: False)
     assert released == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        ({}, 1),  # role=all's own clients on shared memory: one process, whatever the cores
+        ({"local_transport": "grpc"}, 4),  # its own clients over gRPC: a shard per 4 cores
+        ({"local_transport": "grpc", "num_actors": 2}, 2),  # ... no more than its clients
+        ({"role": "learner"}, 4),  # remote clients only: a shard per 4 cores
+        ({"role": "learner", "server_shards": 3}, 3),  # asked for
+        ({"role": "learner", "synchronous": True}, 1),  # sessions wait on the learner's weights
+    ],
+)
+def test_server_shards_follow_what_the_server_serves(monkeypatch, overrides, expected):
+    from torchbeast_hydra.backends.poly import backend as poly_backend
+    from torchbeast_hydra.backends.poly.settings import PolyConfig
+
+    monkeypatch.setattr(poly_backend, "usable_cores", lambda: 16)
+    backend = OmegaConf.merge(OmegaConf.structured(PolyConfig(num_actors=15)), overrides)
+    assert poly_backend.server_shards(backend) == expected

@@ -66,7 +66,8 @@ class PolyConfig(BackendConfig):
     local_transport: LocalTransport = LocalTransport.shared_memory
     # Processes the server's work (wire decoding, checks, unroll assembly) is spread over, each with
     # its own GIL, all serving on backend.address; central inference stays one batched pass in the
-    # learner. 0: one per 4 cores (1 below 8 cores); 1: all in the learner's process.
+    # learner. 0: one process for role=all's own clients on shared memory, else one per 4 cores
+    # (1 below 8 cores); 1: all in the learner's process.
     server_shards: int = 0
 
 
