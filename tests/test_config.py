@@ -116,6 +116,7 @@ def test_wrong_types_fail_at_composition(override):
         (["backend=poly", "backend.address=localhost:99999"], "use HOST:PORT"),
         (["backend=poly", "backend.role=env"], "needs the learner's address"),
         (["backend=poly", "backend.max_batch_size=0"], "max_batch_size"),
+        (["backend=poly", "backend.gil_switch_interval_ms=0"], "gil_switch_interval_ms must be positive"),
         (["backend=poly", "backend.envs_per_actor=300"], "max_envs_per_client"),
         (["backend=poly", "backend.num_actors=-1"], "num_actors"),
         (["env.frame_stack=0"], "frame_stack"),

@@ -486,3 +486,15 @@ def test_the_failing_model_fails_only_when_asked(monkeypatch):
             body(frames)
     body(frames)  # with grad: not an inference call
     sys.modules.pop("failing_models", None)
+
+
+def test_gil_switch_interval_is_set_and_the_one_it_replaced_returned():
+    python_default = sys.getswitchinterval()
+    try:
+        assert devices.set_gil_switch_interval(None) == python_default  # null: left as it is
+        assert sys.getswitchinterval() == python_default
+        assert devices.set_gil_switch_interval(0.5) == python_default
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+        assert devices.set_gil_switch_interval(2) == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(python_default)

@@ -55,7 +55,13 @@ def test_role_all_trains_logs_checkpoints_and_test_mode_plays_it(tmp_path, trans
 @pytest.mark.parametrize("transport", ["shared_memory", "grpc"])
 def test_role_all_with_two_server_shards_trains_and_finishes(tmp_path, transport):
     run_dir = tmp_path / "run"
-    result = run_cli(run_dir, *POLY_TINY, f"backend.local_transport={transport}", "backend.server_shards=2")
+    result = run_cli(
+        run_dir,
+        *POLY_TINY,
+        f"backend.local_transport={transport}",
+        "backend.server_shards=2",
+        "backend.gil_switch_interval_ms=0.5",
+    )
     logged = rows(run_dir)
     assert int(logged[-1]["step"]) >= 2560
     assert steps(run_dir) == sorted(set(steps(run_dir)))
@@ -63,7 +69,7 @@ def test_role_all_with_two_server_shards_trains_and_finishes(tmp_path, transport
     assert any(row["server_us_per_step"] for row in logged)
     assert any(float(row["inference_host_us_per_step"] or 0) > 0 for row in logged)  # the central server's
     output = result.stderr + result.stdout
-    assert "in 2 shard processes" in output
+    assert "in 2 shard processes" in output and "GIL switch interval 0.5 ms" in output
     if transport == "grpc":
         assert output.count(" connected from ") == 2
     else:  # one client in each shard

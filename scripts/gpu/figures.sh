@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU throughput figures of docs/performance.md#measured-on-a-gpu-machine in one go, from the
 # repo root of a GPU machine with PyTorch (about 7 minutes on 16 cores): mono and poly with 8 and 15
-# actor processes (poly's server in backend.server_shards=0's processes: one per 4 cores), poly at 15
-# with central inference's cap raised from 64 envs a batch to 256, and poly at 15 with its server in
-# the learner's one process (server_shards=1); first the raw env rate of Pong's engines on every
-# core, a process a core (~30 s). The likeliest best comes before the comparison, in case time runs out.
+# actor processes (poly's server in the learner's one process, role=all's default), then poly at 15
+# with a GIL turn of 0.5 ms instead of Python's 5 (central inference waits on the learner's thread
+# for the GIL), with central inference's cap raised from 64 envs a batch to 256, and with 4 server
+# shards; first the raw env rate of Pong's engines on every core, a process a core (~30 s). The
+# likeliest gains come first, in case a lease runs out.
 # Wheels in .whl/ (scripts/gpu/wheels.sh, for a machine with no package index) are installed first.
 #   scripts/gpu/figures.sh                        # writes $OUT/figures.txt (default benchmarks/results/gpu)
 #   ACTORS="2" SECONDS_EACH=10 scripts/gpu/figures.sh   # a quick try, on any machine
@@ -40,5 +41,6 @@ for actors in $ACTORS; do
   measure "$actors actors" --backends mono poly "backend.num_actors=$actors"
 done
 last=${ACTORS##* }
+measure "poly, $last actors, backend.gil_switch_interval_ms=0.5" --backends poly "backend.num_actors=$last" backend.gil_switch_interval_ms=0.5
 measure "poly, $last actors, backend.max_batch_size=256" --backends poly "backend.num_actors=$last" backend.max_batch_size=256
-measure "poly, $last actors, backend.server_shards=1 (the server in the learner's process)" --backends poly "backend.num_actors=$last" backend.server_shards=1
+measure "poly, $last actors, backend.server_shards=4" --backends poly "backend.num_actors=$last" backend.server_shards=4

@@ -1,9 +1,10 @@
 """The learner's device: which one `device=` means here, moving a batch onto it, and how many
-host threads a learner on it needs."""
+host threads (and how long a GIL turn) a learner on it needs."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
 
@@ -77,3 +78,12 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+def set_gil_switch_interval(ms: float | None) -> float:
+    """Sets how long a thread of this process may hold the GIL while another waits (ms; None: leave
+    it); returns the interval it replaced, in seconds, for sys.setswitchinterval to restore."""
+    previous = sys.getswitchinterval()
+    if ms is not None:
+        sys.setswitchinterval(ms / 1000)
+    return previous

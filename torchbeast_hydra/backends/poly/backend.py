@@ -15,6 +15,7 @@ import os
 import secrets
 import socket
 import statistics
+import sys
 import threading
 import time
 
@@ -45,7 +46,7 @@ from torchbeast_hydra.env.spaces import probe_env
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.learning import accel
 from torchbeast_hydra.logs.metrics import measured
-from torchbeast_hydra.run.devices import usable_cores
+from torchbeast_hydra.run.devices import set_gil_switch_interval, usable_cores
 from torchbeast_hydra.run.signals import StopOnSignals
 from torchbeast_hydra.run.supervision import ActorProcesses
 from torchbeast_hydra.run.training_run import TrainingRun
@@ -157,6 +158,7 @@ class PolyBeast(Backend):
         settings = ServerSettings.from_config(cfg, float_limit=self.float_limit)
         self.shards = server_shards(backend)
         self.pool = self.inference = self.sharded = None
+        self.replaced_switch_interval = None  # Python's own, while start() sets the configured one
         if self.shards > 1:
             self.sharded = self._sharded_server(settings)
             return
@@ -191,6 +193,7 @@ class PolyBeast(Backend):
             max_batch_size=backend.max_batch_size,
             batch_timeout_s=backend.batch_timeout_ms / 1000,
             initial_state=self._initial_state(1),
+            gil_switch_interval_ms=backend.gil_switch_interval_ms,
         )
         local = None
         role, transport = PolyRole(backend.role), LocalTransport(backend.local_transport)
@@ -242,6 +245,7 @@ class PolyBeast(Backend):
     # -- what Backend asks for ---------------------------------------------------------------
 
     def start(self) -> None:
+        self.replaced_switch_interval = set_gil_switch_interval(self.cfg.backend.gil_switch_interval_ms)
         if self.sharded is not None:
             self._start_shards()
             if PolyRole(self.cfg.backend.role) is PolyRole.all and self.sharded.local is None:
@@ -284,6 +288,7 @@ class PolyBeast(Backend):
 
     def describe(self) -> dict:
         backend = self.cfg.backend
+        gil = backend.gil_switch_interval_ms
         if self.clients is not None or (self.sharded is not None and self.sharded.local is not None):
             envs = backend.num_actors * backend.envs_per_actor
             acting = (
@@ -295,7 +300,8 @@ class PolyBeast(Backend):
         return dict(
             backend=f"poly (role={PolyRole(backend.role).value}), ActorPool server on {self.address}"
             + (f" in {self.shards} shard processes" if self.sharded is not None else ""),
-            acting=f"{acting}; central inference on {self.device.type}, up to {backend.max_batch_size} envs a batch",
+            acting=f"{acting}; central inference on {self.device.type}, up to {backend.max_batch_size} envs a batch"
+            + (f"; GIL switch interval {gil:g} ms" if gil else ""),
         )
 
     def local_actor_processes(self) -> int:
@@ -346,6 +352,8 @@ class PolyBeast(Backend):
         """Ends the clients' streams at their next step, then stops serving. Remote clients exit
         only if training is complete; otherwise they wait to reconnect to a restarted learner."""
         complete = self.run.complete
+        if self.replaced_switch_interval is not None:  # a multirun's next job starts with Python's own
+            sys.setswitchinterval(self.replaced_switch_interval)
         if self.sharded is not None:
             self.sharded.stop(finished=complete or PolyRole(self.cfg.backend.role) is PolyRole.all)
             if self.clients is not None:

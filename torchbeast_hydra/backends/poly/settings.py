@@ -69,6 +69,11 @@ class PolyConfig(BackendConfig):
     # learner. 0: one process for role=all's own clients on shared memory, else one per 4 cores
     # (1 below 8 cores); 1: all in the learner's process.
     server_shards: int = 0
+    # How long a thread of the learner's process (and of each shard) may hold the GIL while another
+    # waits for it (sys.setswitchinterval), in ms; null: Python's 5. Central inference's thread
+    # gives the GIL up at every wait (its GPU pass, its batch) and then waits up to this long to
+    # take it back from the learner's thread, which holds it to launch a GPU update's kernels.
+    gil_switch_interval_ms: Optional[float] = None
 
 
 ADDRESS_FILE_PREFIX = "file:"
@@ -100,6 +105,10 @@ def check(cfg) -> None:
     require(backend.connect_timeout_s > 0, "backend.connect_timeout_s must be positive.")
     require(backend.client_idle_timeout_s > 0, "backend.client_idle_timeout_s must be positive.")
     require(backend.server_shards >= 0, "backend.server_shards must be >= 0 (0: from the cores).")
+    require(
+        backend.gil_switch_interval_ms is None or backend.gil_switch_interval_ms > 0,
+        "backend.gil_switch_interval_ms must be positive (or null: Python's 5 ms).",
+    )
     require(backend.inference_torch_threads >= 1, "backend.inference_torch_threads must be at least 1.")
     require(backend.max_envs_per_client >= 1, "backend.max_envs_per_client must be at least 1.")
     require(

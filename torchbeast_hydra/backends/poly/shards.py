@@ -41,6 +41,7 @@ import torch
 
 from torchbeast_hydra.backends.poly.batcher import BatcherClosed, DynamicBatcher
 from torchbeast_hydra.env.layout import env_outputs
+from torchbeast_hydra.run.devices import set_gil_switch_interval
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class ShardPlan:
     initial_state: tuple  # one env's core state, [1, ...] tensors: a session's start
     local: object = None  # LocalClients, or None: no shared-memory clients
     max_restarts: int = 0  # for the shard's local clients
+    gil_switch_interval_ms: float | None = None  # backend.gil_switch_interval_ms
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,7 @@ def shard_main(index: int, ids: tuple, plan: ShardPlan, link: dict, address: str
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format=f"[%(asctime)s][shard {index}][%(levelname)s] - %(message)s")
     torch.set_num_threads(1)
+    set_gil_switch_interval(plan.gil_switch_interval_ms)
     _name_process(b"poly-shard")
     stopping = threading.Event()
     remote = RemoteInference(link, stopping)
