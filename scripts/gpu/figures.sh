@@ -4,7 +4,8 @@
 # actor processes (poly's server in the learner's one process, role=all's default), then poly at 15
 # with a GIL turn of 0.5 ms instead of Python's 5 (central inference waits on the learner's thread
 # for the GIL), with central inference's cap raised from 64 envs a batch to 256, and with 4 server
-# shards; first the raw env rate of Pong's engines on every core, a process a core (~30 s). The
+# shards, and mono at 15 actors with 8 envs each (its actors' CPU inference costs less a step at
+# a batch of 8 than at auto's 4); first the raw env rate of Pong's engines on every core, a process a core (~30 s). The
 # likeliest gains come first, in case a lease runs out.
 # Wheels in .whl/ (scripts/gpu/wheels.sh, for a machine with no package index) are installed first.
 #   scripts/gpu/figures.sh                        # writes $OUT/figures.txt (default benchmarks/results/gpu)
@@ -44,3 +45,4 @@ last=${ACTORS##* }
 measure "poly, $last actors, backend.gil_switch_interval_ms=0.5" --backends poly "backend.num_actors=$last" backend.gil_switch_interval_ms=0.5
 measure "poly, $last actors, backend.max_batch_size=256" --backends poly "backend.num_actors=$last" backend.max_batch_size=256
 measure "poly, $last actors, backend.server_shards=4" --backends poly "backend.num_actors=$last" backend.server_shards=4
+measure "mono, $last actors x 8 envs" --backends mono "backend.num_actors=$last" backend.envs_per_actor=8
