@@ -71,8 +71,8 @@ class PolyConfig(BackendConfig):
     server_shards: int = 0
     # How long a thread of the learner's process (and of each shard) may hold the GIL while another
     # waits for it (sys.setswitchinterval), in ms; null: Python's 5. Central inference's thread
-    # gives the GIL up at every wait (its GPU pass, its batch) and then waits up to this long to
-    # take it back from the learner's thread, which holds it to launch a GPU update's kernels.
+    # gives the GIL up at every wait (its GPU pass, its batch) and may wait up to this long to take
+    # it back from a thread running plain Python (the serving loop, the learner's bookkeeping).
     gil_switch_interval_ms: Optional[float] = None
 
 
