@@ -332,3 +332,14 @@ def test_the_pbt_benchmark_keeps_what_a_report_reads(monkeypatch, tmp_path):
     ]
     after = read_rows(member)
     assert [(r["step"], r["episode_returns"]) for r in after] == [(r["step"], r["episode_returns"]) for r in before]
+
+
+def test_gil_switch_sketch_prints_a_row_per_interval_and_leaves_pythons(monkeypatch, capsys):
+    gil_switch = import_benchmark(monkeypatch, "gil_switch")
+    python_default = sys.getswitchinterval()
+    monkeypatch.setattr(sys, "argv", ["gil_switch.py", "--intervals-ms", "5", "0.5", "--seconds", "0.2"])
+    gil_switch.main()
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [row[:2] for row in rows] == [["5", "ms"], ["0.5", "ms"]]
+    assert all(float(row[2]) > 0 and float(row[4]) > 0 for row in rows)
+    assert sys.getswitchinterval() == python_default
