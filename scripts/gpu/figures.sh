@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The GPU throughput figures of docs/performance.md#measured-on-a-gpu-machine in one go, from the
-# repo root of a GPU machine with PyTorch (about 7 minutes on 16 cores): mono and poly with 8 and 15
-# actor processes (poly's server in the learner's one process, role=all's default), then poly at 15
-# with a GIL turn of 0.5 ms instead of Python's 5 (central inference waits on the learner's thread
-# for the GIL), with central inference's cap raised from 64 envs a batch to 256, and with 4 server
-# shards, and mono at 15 actors with 8 envs each (its actors' CPU inference costs less a step at
-# a batch of 8 than at auto's 4); first the raw env rate of Pong's engines on every core, a process a core (~30 s). The
-# likeliest gains come first, in case a lease runs out.
+# repo root of a GPU machine with PyTorch (about 8 minutes on 16 cores; ACTORS=15 about 6): first
+# the raw env rate of Pong's engines on every core, a process a core (~30 s); then mono and poly
+# with 8 and 15 actor processes (poly's server in the learner's one process, role=all's default);
+# then at 15: poly with a GIL switch interval of 0.5 ms instead of Python's 5, poly with central
+# inference's cap raised from 64 envs a batch to 256, poly with 4 server shards, and mono with 8
+# envs an actor (auto gives 4 there; its actors' CPU inference costs less a step at a batch of 8).
+# The likeliest gains come first, in case a lease runs out.
 # Wheels in .whl/ (scripts/gpu/wheels.sh, for a machine with no package index) are installed first.
 #   scripts/gpu/figures.sh                        # writes $OUT/figures.txt (default benchmarks/results/gpu)
 #   ACTORS="2" SECONDS_EACH=10 scripts/gpu/figures.sh   # a quick try, on any machine
