@@ -11,9 +11,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from torchbeast_hydra.backends.poly import backend as poly_backend
 from torchbeast_hydra.backends.poly import wire
 from torchbeast_hydra.backends.poly.batcher import BatcherClosed, DynamicBatcher
 from torchbeast_hydra.backends.poly.rollouts import RolloutBuilder, RolloutQueue, row_layout
+from torchbeast_hydra.backends.poly.settings import PolyConfig
 from torchbeast_hydra.env.actions import ActionSpec
 from torchbeast_hydra.env.layout import rollout_specs
 from torchbeast_hydra.env.spaces import EnvSpec, Leaf
@@ -668,9 +670,6 @@ def test_a_sessions_lent_rows_are_read_in_place_and_given_back_once_the_learner_
     ],
 )
 def test_server_shards_follow_what_the_server_serves(monkeypatch, overrides, expected):
-    from torchbeast_hydra.backends.poly import backend as poly_backend
-    from torchbeast_hydra.backends.poly.settings import PolyConfig
-
     monkeypatch.setattr(poly_backend, "usable_cores", lambda: 16)
     backend = OmegaConf.merge(OmegaConf.structured(PolyConfig(num_actors=15)), overrides)
     assert poly_backend.server_shards(backend) == expected
