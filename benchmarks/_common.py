@@ -186,7 +186,8 @@ def _wait(process: subprocess.Popen, until: float) -> bool:
 
 # What each process of a run is, by its command line (the first match); the run's own is the learner's.
 PROCESS_ROLES = (
-    ("spawn_main", "actors (mono) / env clients (poly)"),
+    ("forkserver", "actors (mono) / env clients (poly)"),  # forked from the fork server (run/supervision.py)
+    ("spawn_main", "actors (mono) / env clients (poly)"),  # where there is none
     ("resource_tracker", "other (resource tracker, wandb)"),
     ("wandb", "other (resource tracker, wandb)"),
 )

@@ -250,8 +250,27 @@ def running(pid) -> bool:
         return False
 
 
+def descendants(pid):
+    """Live processes below pid: its children, theirs, and so on."""
+    found = children(pid)
+    return found + [p for child in found for p in descendants(child)]
+
+
 def actor_pids(pid):
-    return [p for p in children(pid) if "spawn_main" in Path(f"/proc/{p}/cmdline").read_text()]
+    """The helper processes a run started (actors, env clients, the evaluator): its fork server's
+    children (run/supervision.py), or where there is none, its spawned children."""
+    helpers = []
+    for child in children(pid):
+        cmdline = _cmdline(child)
+        helpers += children(child) if "forkserver" in cmdline else [child] if "spawn_main" in cmdline else []
+    return helpers
+
+
+def _cmdline(pid) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:  # gone meanwhile
+        return ""
 
 
 def wait_for(predicate, timeout, what):

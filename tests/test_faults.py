@@ -16,7 +16,7 @@ from torchbeast_hydra.backends.poly.client import Connection, EnvClient
 from torchbeast_hydra.env.settings import EnvConfig
 from torchbeast_hydra.run import checkpoint
 
-from helpers import TINY, children, cli_env, rows, run_cli, running, start_cli, start_env_process, steps, wait_for
+from helpers import TINY, cli_env, descendants, rows, run_cli, running, start_cli, start_env_process, steps, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +26,7 @@ def test_learner_killed_mid_run_resumes_from_its_last_checkpoint_with_continuous
     first = start_cli(run_dir, *TINY, "total_steps=1000000", "checkpoint_interval_s=1")
     try:
         wait_for(lambda: checkpoint.path_in(run_dir).exists() and len(rows(run_dir)) >= 30, 90, "a checkpoint")
-        helpers = children(first.pid)  # the actors, the evaluation process, multiprocessing's tracker
+        helpers = descendants(first.pid)  # the actors, the evaluation process, the fork server and tracker
         first.kill()  # SIGKILL, the learner only: its actors see their pipes close and exit
         first.wait(timeout=30)
         # None outlives it (the evaluation process once did, waiting for snapshots that never came).

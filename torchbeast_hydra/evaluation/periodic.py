@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import multiprocessing
 import queue
 import time
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
 
 from torchbeast_hydra.agent.models import make_model
 from torchbeast_hydra.env.engines import evaluation_envs
@@ -42,6 +40,7 @@ from torchbeast_hydra.evaluation.evaluate import (
 from torchbeast_hydra.logs.metrics import CsvLog, read_rows, target_met
 from torchbeast_hydra.run.seeding import eval_seed
 from torchbeast_hydra.run.settings import to_plain_dict
+from torchbeast_hydra.run.supervision import parent_alive, process_context
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +89,11 @@ def _worker(model_cfg, env_cfg, seed, rules: Rules, requests, results) -> None:
 def _next_request(requests):
     """The next snapshot to play, or None: sent to stop, or the learner process is gone (killed,
     say by the OOM killer: nothing would ever come, and the process would outlive its run)."""
-    parent = multiprocessing.parent_process()
     while True:
         try:
             return requests.get(timeout=PARENT_CHECK_S)
         except queue.Empty:
-            if parent is not None and not parent.is_alive():
+            if not parent_alive():
                 return None
 
 
@@ -191,7 +189,7 @@ class Evaluations:
         self._in_flight = None
 
     def _start_process(self) -> None:
-        context = mp.get_context("spawn")
+        context = process_context()
         self._requests, self._results = context.Queue(), context.Queue()
         args = (
             self.model_cfg,

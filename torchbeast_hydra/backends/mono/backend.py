@@ -25,7 +25,6 @@ from multiprocessing import connection
 
 import numpy as np
 import torch
-import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from torchbeast_hydra.agent.distributions import NonFiniteAction
@@ -39,7 +38,7 @@ from torchbeast_hydra.env.spaces import EnvSpec
 from torchbeast_hydra.learning import accel
 from torchbeast_hydra.logs.metrics import measured
 from torchbeast_hydra.run.seeding import actor_seed
-from torchbeast_hydra.run.supervision import ActorProcesses
+from torchbeast_hydra.run.supervision import ActorProcesses, process_context
 from torchbeast_hydra.run.training_run import TrainingRun
 
 NONFINITE_ACTION = 5  # an actor's exit code: its policy produced a NaN/inf action (stops the run)
@@ -345,7 +344,7 @@ class MonoBeast(Backend):
         super().__init__(cfg, run, make_model(cfg.model, run.spec).share_memory())
         backend = cfg.backend
         self.num_learner_threads = backend.num_learner_threads
-        self.ctx = mp.get_context("spawn")  # no fork: the learner process has threads running
+        self.ctx = process_context()
         count = num_buffers(cfg)
         self.buffers = create_buffers(run.spec, cfg.unroll_length, count)
         self.state_buffers = create_state_buffers(self.policy, count)

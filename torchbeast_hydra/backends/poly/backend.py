@@ -21,7 +21,6 @@ import time
 
 import grpc
 import torch
-import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from torchbeast_hydra.agent.models import make_model
@@ -48,7 +47,7 @@ from torchbeast_hydra.learning import accel
 from torchbeast_hydra.logs.metrics import measured
 from torchbeast_hydra.run.devices import set_gil_switch_interval, usable_cores
 from torchbeast_hydra.run.signals import StopOnSignals
-from torchbeast_hydra.run.supervision import ActorProcesses
+from torchbeast_hydra.run.supervision import ActorProcesses, process_context
 from torchbeast_hydra.run.training_run import TrainingRun
 
 log = logging.getLogger(__name__)
@@ -83,7 +82,7 @@ def local_clients(cfg, address: str, token: str, max_message_bytes: int) -> Acto
     """Env client processes on this machine speaking gRPC (role=env, and role=all with
     backend.local_transport=grpc), replaced when they die."""
     backend = cfg.backend
-    ctx = mp.get_context("spawn")
+    ctx = process_context()
     env_cfg, make_envs = client_envs(cfg)
     connection = Connection(address, token, backend.connect_timeout_s, max_message_bytes, backend.newest_frames)
     kwargs = dict(env_cfg=env_cfg, connection=connection, num_envs=backend.envs_per_actor, make_envs=make_envs)
@@ -99,7 +98,7 @@ def local_clients(cfg, address: str, token: str, max_message_bytes: int) -> Acto
 
 def shared_memory_clients(cfg, pool: ActorPool) -> ActorProcesses:
     """role=all's env client processes over shared memory (local.py), replaced when they die."""
-    ctx = mp.get_context("spawn")
+    ctx = process_context()
     _, make_envs = client_envs(cfg)
     num_envs = cfg.backend.envs_per_actor
     return client_processes(

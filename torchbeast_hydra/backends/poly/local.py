@@ -16,7 +16,6 @@ half-written.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import threading
@@ -33,6 +32,7 @@ from torchbeast_hydra.backends.poly.server import ActorPool, InferenceFailed, Re
 from torchbeast_hydra.backends.poly.settings import LOCAL_ROW_SETS
 from torchbeast_hydra.env.layout import AGENT_KEYS, rollout_specs
 from torchbeast_hydra.env.spaces import EnvSpec
+from torchbeast_hydra.run.supervision import parent_alive
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class Channel:
 # -- the client's side: a process of its own ---------------------------------------------------
 
 
-def client_main(channel: Channel, num_envs: int, seed: int, make_envs, parent_pid: int) -> None:
+def client_main(channel: Channel, num_envs: int, seed: int, make_envs) -> None:
     """A local client process: steps its envs with the actions the server writes, until the
     server's verdict ends it (exit code FINISHED or REFUSED) or the learner process is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
@@ -90,7 +90,7 @@ def client_main(channel: Channel, num_envs: int, seed: int, make_envs, parent_pi
                 view[...] = outputs[key]
             channel.stepped.release()
             while not channel.answered.acquire(timeout=POLL_S):
-                if os.getppid() != parent_pid:
+                if not parent_alive():
                     sys.exit(UNREACHABLE)  # the learner is gone, without a word
             verdict = int(channel.verdict[0])
             if verdict != RUNNING:
@@ -112,7 +112,7 @@ def start_client(pool: ActorPool, ctx, num_envs: int, make_envs, index: int):
     client_id, seed = pool.new_client()
     process = ctx.Process(
         target=client_main,
-        kwargs=dict(channel=channel, num_envs=num_envs, seed=seed, make_envs=make_envs, parent_pid=os.getpid()),
+        kwargs=dict(channel=channel, num_envs=num_envs, seed=seed, make_envs=make_envs),
         name=f"env-client-{index}",
         daemon=True,
     )

@@ -26,7 +26,6 @@ import contextlib
 import itertools
 import logging
 import math
-import os
 import signal
 import socket
 import struct
@@ -42,6 +41,7 @@ import torch
 from torchbeast_hydra.backends.poly.batcher import BatcherClosed, DynamicBatcher
 from torchbeast_hydra.env.layout import env_outputs
 from torchbeast_hydra.run.devices import set_gil_switch_interval
+from torchbeast_hydra.run.supervision import ActorProcesses, parent_alive, process_context
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,6 @@ class RemoteInference:
         self.request, self.reply = link["request"], link["reply"]
         self.conn = link["infer_shard"]
         self.stopping = stopping
-        self.parent = os.getppid()
 
     def assemble(self, requests: list) -> dict:
         """The batch, concatenated straight into the shared request rows (the batcher's one copy)."""
@@ -142,7 +141,7 @@ class RemoteInference:
         n = next(iter(inputs.values())).shape[0]
         self.conn.send_bytes(struct.pack("<i", n))
         while not self.conn.poll(POLL_S):
-            if os.getppid() != self.parent or self.stopping.is_set():
+            if not parent_alive() or self.stopping.is_set():
                 raise BatcherClosed("the learner is gone")
         answer = self.conn.recv_bytes()
         if answer[:1] == CLOSED:
@@ -180,14 +179,13 @@ class SharedEmit:
             self.conn.send_bytes(_SLOT.pack(index, k))
 
 
-def shard_main(index: int, ids: tuple, plan: ShardPlan, link: dict, address: str | None, parent_pid: int) -> None:
+def shard_main(index: int, ids: tuple, plan: ShardPlan, link: dict, address: str | None) -> None:
     """A shard process: an ActorPool serving its gRPC clients and local clients until told to stop.
     ids: (first, step) of the client ids it gives: every shard, and every shard's replacement, its own."""
     from torchbeast_hydra.backends.poly import local
     from torchbeast_hydra.backends.poly.client import FINISHED, REFUSED, SERVER_FAILED, UNREACHABLE
     from torchbeast_hydra.backends.poly.server import ActorPool
     from torchbeast_hydra.backends.poly.serving import make_server
-    from torchbeast_hydra.run.supervision import ActorProcesses
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner stops us
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
@@ -230,7 +228,7 @@ def shard_main(index: int, ids: tuple, plan: ShardPlan, link: dict, address: str
             server.start()
             stats[PORT] = port
         if plan.local is not None:
-            ctx = torch.multiprocessing.get_context("spawn")
+            ctx = process_context()
             spec = plan.local
 
             def start(slot: int, number: int):
@@ -249,7 +247,7 @@ def shard_main(index: int, ids: tuple, plan: ShardPlan, link: dict, address: str
             )
             clients.start()
         while int(link["command"][0]) == RUNNING:
-            if os.getppid() != parent_pid:
+            if not parent_alive():
                 return  # the learner is gone: nothing to serve
             time.sleep(0.05)
             seconds, envs = pool.take_step_totals()
@@ -448,7 +446,7 @@ class ShardedServer:
         setup: Callable[[], None] | None = None,
     ):
         self.plan, self.shards, self.address = plan, shards, address
-        self.ctx = torch.multiprocessing.get_context("spawn")
+        self.ctx = process_context()
         self.rollouts = rollouts
         self.stopping = threading.Event()
         self.central = CentralServer(central, plan.max_batch_size, plan.batch_timeout_s, pin, on_error)
@@ -459,8 +457,6 @@ class ShardedServer:
         self.templates = self._templates(central)
         self._step_totals = {}  # shard index -> (seconds, envs) already taken
         self.id_step = shards + max_restarts + 1  # shard start n gives client ids n, n + id_step, ...
-        from torchbeast_hydra.run.supervision import ActorProcesses
-
         self.processes = ActorProcesses(
             self._start_shard,
             shards,
@@ -550,7 +546,7 @@ class ShardedServer:
         plan = _replace(self.plan, local=local)
         process = self.ctx.Process(
             target=shard_main,
-            args=(index, (number, self.id_step), plan, link.for_shard(), self.address, os.getpid()),
+            args=(index, (number, self.id_step), plan, link.for_shard(), self.address),
             name=f"server-shard-{index}",
         )
         process.start()
