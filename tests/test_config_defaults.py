@@ -168,6 +168,8 @@ def test_the_control_preset_trains_with_its_ppo_levers(tmp_path):
         "env.id=Pendulum-v1",
         "total_steps=1024",
         "batch_size=8",  # 256 steps a batch, 4 updates: the levers' code paths, not their learning
+        "optim.epochs=2",  # each batch learned twice, in 4 minibatches of steps (the preset: 10 x 32)
+        "optim.minibatches=4",
         "backend.num_actors=1",
         "backend.envs_per_actor=2",
         "eval.interval_steps=0",
