@@ -126,6 +126,17 @@ def test_atari_net_starts_orthogonal_and_the_policy_near_uniform():
     assert torch.allclose(probabilities, torch.full_like(probabilities, 1 / 6), atol=0.02)
 
 
+def test_a_copy_whose_weights_are_overwritten_skips_the_init_and_takes_the_weights_whole():
+    trained = make_model(AtariNetConfig(), ATARI)
+    copy = make_model(AtariNetConfig(), ATARI, initialise=False)
+    fc = copy.body.fc.weight.detach()
+    assert not torch.allclose(fc @ fc.T, 2.0 * torch.eye(len(fc)), atol=0.1)  # torch's default init, not orthogonal
+    copy.load_state_dict(trained.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(copy.state_dict().values(), trained.state_dict().values()))
+    again = make_model(AtariNetConfig(), ATARI)  # the switch is reset: the next model is initialised
+    assert torch.allclose(again.body.fc.weight @ again.body.fc.weight.T, 2.0 * torch.eye(len(fc)), atol=1e-4)
+
+
 # -- other action spaces and observation normalisation ---------------------------------------------
 
 

@@ -150,7 +150,7 @@ def run(cfg: DictConfig) -> float:
         return sum(result["mean_return"] for result in results) / len(results)
 
     spec = probe_env(cfg.env)  # an unknown env id fails here, before any process starts
-    model = make_model(cfg.model, spec)  # and so does a model that does not fit the env
+    model = make_model(cfg.model, spec, initialise=False)  # and so does a model that does not fit the env
     backend = registry.get(cfg.backend.name)
     learns = backend.learns(cfg.backend)
     several = learns and distributed.wanted(cfg)  # data-parallel ranks; one rank takes none of their paths

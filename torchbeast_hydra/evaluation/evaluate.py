@@ -86,7 +86,7 @@ def evaluate(cfg, trained_dir: Path, out_dir: Path) -> dict:
     envs = evaluation_envs(env_cfg, 1, seed, render_mode="rgb_array" if record else None)
     if record:
         envs.envs[0] = _record_video(envs.envs[0], out_dir / "videos", cfg.test.num_episodes)
-    model = make_model(model_cfg, envs.spec)
+    model = make_model(model_cfg, envs.spec, initialise=False)
     model.load_state_dict(state["learner"]["model"])
     model.eval()
     torch.manual_seed(cfg.seed)

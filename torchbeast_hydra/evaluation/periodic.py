@@ -58,7 +58,7 @@ class Player:
         self.env_cfg = env_cfg
         self.seed = seed
         self.envs = evaluation_envs(env_cfg, 1, seed)
-        self.model = make_model(model_cfg, self.envs.spec).eval()
+        self.model = make_model(model_cfg, self.envs.spec, initialise=False).eval()
 
     def play(self, weights: dict, rules: Rules) -> dict:
         self.model.load_state_dict(weights)

@@ -76,7 +76,7 @@ def load_policy(run_dir: str | Path) -> Policy:
     model_cfg = saved_model_config(state["config"]["model"])
     envs = Environments(env_cfg, 1, seed=0)  # the spec: shapes, leaves and the action space
     try:
-        model = make_model(model_cfg, envs.spec)
+        model = make_model(model_cfg, envs.spec, initialise=False)
     finally:
         envs.close()
     model.load_state_dict(state["learner"]["model"])

@@ -341,7 +341,7 @@ class MonoBeast(Backend):
     """Rollouts from actor processes through shared-memory buffers, batched by learner threads."""
 
     def __init__(self, cfg, run: TrainingRun):
-        super().__init__(cfg, run, make_model(cfg.model, run.spec).share_memory())
+        super().__init__(cfg, run, make_model(cfg.model, run.spec, initialise=False).share_memory())
         backend = cfg.backend
         self.num_learner_threads = backend.num_learner_threads
         self.ctx = process_context()

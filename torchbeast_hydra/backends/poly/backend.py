@@ -143,7 +143,7 @@ class PolyBeast(Backend):
     """Rollouts assembled by the ActorPool server from its clients' steps, with central inference."""
 
     def __init__(self, cfg, run: TrainingRun):
-        super().__init__(cfg, run, make_model(cfg.model, run.spec).to(run.device))
+        super().__init__(cfg, run, make_model(cfg.model, run.spec, initialise=False).to(run.device))
         backend = cfg.backend
         self.token = resolve_token(backend)
         self.device = run.device
