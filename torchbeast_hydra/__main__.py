@@ -29,7 +29,7 @@ from torchbeast_hydra.logs.metrics import RecentReturns, read_rows
 from torchbeast_hydra.overrides import check_overrides
 from torchbeast_hydra.pbt import member as pbt
 from torchbeast_hydra.pbt import population
-from torchbeast_hydra.run import checkpoint
+from torchbeast_hydra.run import checkpoint, supervision
 from torchbeast_hydra.run.checkpoint import CheckpointError
 from torchbeast_hydra.run.devices import resolve_device
 from torchbeast_hydra.run.training_run import RunDirError
@@ -165,6 +165,7 @@ def run(cfg: DictConfig) -> float:
         cfg, run_dir, ranks, spawned = distributed.setup(cfg, run_dir)
     if ranks is None or ranks.is_main:
         write_run_info(run_dir)
+    supervision.start_fork_server()  # before the learner: most runs start helpers (actors, env clients, evaluator)
 
     if not learns:  # e.g. poly's env clients alone: no learner, no run state
         sys.exit(backend.run_without_learner(cfg))

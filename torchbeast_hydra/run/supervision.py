@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.forkserver
 import time
 from typing import Any, Callable
 
@@ -35,6 +36,13 @@ def process_context():
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
     return context
+
+
+def start_fork_server() -> None:
+    """Starts the fork server now: its imports then overlap the learner's own start-up (its model,
+    its optimiser's import of torch._dynamo) instead of holding up its first helper (~2 s)."""
+    if process_context().get_start_method() == "forkserver":
+        multiprocessing.forkserver.ensure_running()
 
 
 def parent_alive() -> bool:
