@@ -105,13 +105,15 @@ class GpuSampler(threading.Thread):
 
 
 def composed(overrides: list):
-    """The run's config as the CLI would compose it from these overrides."""
+    """The config a run of these overrides uses: composed as the CLI composes it, then resolved as it
+    resolves it (auto actor counts filled in for this machine)."""
     from hydra import compose, initialize_config_dir
 
     from torchbeast_hydra.__main__ import CONFIG_DIR
+    from torchbeast_hydra.config import validate
 
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose("config", overrides)
+        return validate(compose("config", overrides))
 
 
 def cli_command(run_dir: Path, overrides: list, flags: tuple = ()) -> list:

@@ -14,6 +14,12 @@ Figures (2 cores, 24 GB, no GPU, torch 2.13.0 CPU; peak PSS / estimate):
     batch_size=96 2.24 / 2.30; model=resnet batch_size=32 2.72 / 3.10; backend=poly batch_size=32 0.91 / 1.17.
     One update (--update, the activations part): batch 32 0.35 / 0.36 GiB, 96 0.93 / 0.95,
     resnet 32 1.48 / 1.87, batch 1000 6.66 / 9.34.
+Those whole-run figures predate the fork server (2026-11-30: run/supervision.py). Since then an
+actor's or env client's own memory is 8-10 MB of private pages (USS) beside the server's ~160 MB
+shared once, where a spawned one had 142-156 MB (2-core box, CartPole, mono and poly); the
+backends' constants follow (backends/settings.py FORK_SERVER_BYTES). Take whole-run peaks on an
+otherwise idle machine: PSS splits shared pages among every process that maps them, so other runs
+of torch on the machine make it read low.
 
 --update measures one learner update (forward + backward + optimiser step) on a batch of zeros in
 a fresh process, by its peak RSS (the kernel's high-water mark, which sampling cannot miss), beside

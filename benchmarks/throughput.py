@@ -147,14 +147,6 @@ def env_steps_per_second(env_cfg, seconds: float = 5.0) -> float:
     return 1e6 / lockstep_env_us(env_cfg, seconds)[0]
 
 
-def acting_batch(cfg) -> int:
-    """The envs one mono actor evaluates its policy on at once (auto-sized as the run sizes them)."""
-    from torchbeast_hydra.backends import registry
-    from torchbeast_hydra.run.devices import usable_cores
-
-    return cfg.backend.envs_per_actor or registry.get(cfg.backend.name).auto_actors(usable_cores())[1]
-
-
 # -- train mode -------------------------------------------------------------------------------------
 
 
@@ -222,8 +214,9 @@ def train_mode(args) -> None:
             _print_parts(
                 "  where the CPU went, by process (from /proc, over the steady window):", by_process(run, cores)
             )
-        batch = mean_of(run.rows, "inference_batch_size") or acting_batch(cfg)
-        stages = stage_costs(cfg, max(1, round(batch)), envs_per_message=acting_batch(cfg))
+        envs = cfg.backend.envs_per_actor  # what one actor evaluates its policy on at once (composed: resolved)
+        batch = mean_of(run.rows, "inference_batch_size") or envs
+        stages = stage_costs(cfg, max(1, round(batch)), envs_per_message=envs)
         parts = breakdown(run.rows, stages.get(NATIVE_ENV, 1e6 / raw))
         parts["the rest (messages, copies, idle, ...)"] = budget - sum(parts.values())
         _print_parts("  by stage, as the run timed itself (logs.csv):", parts)

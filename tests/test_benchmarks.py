@@ -10,8 +10,10 @@ import sys
 import numpy as np
 import pytest
 
+from torchbeast_hydra.backends.mono.settings import auto_actors as mono_auto_actors
 from torchbeast_hydra.logs.metrics import read_rows
 from torchbeast_hydra.run import thread_trial
+from torchbeast_hydra.run.devices import usable_cores
 
 from helpers import BENCHMARKS, import_benchmark, run_command, write_run
 
@@ -95,8 +97,8 @@ def test_stage_costs_time_each_stage_of_a_step_alone(throughput, monkeypatch):
     composed = import_benchmark(monkeypatch, "_common").composed
 
     cfg = composed(["env=cartpole", "batch_size=4", "unroll_length=8"])
-    assert throughput.acting_batch(cfg) >= 1 and cfg.backend.envs_per_actor == 0  # auto-sized, as the run sizes it
-    assert throughput.acting_batch(composed(["env=cartpole", "backend.envs_per_actor=3"])) == 3
+    assert cfg.backend.envs_per_actor == mono_auto_actors(usable_cores())[1]  # auto-sized, as the run sizes it
+    assert composed(["env=cartpole", "backend.envs_per_actor=3"]).backend.envs_per_actor == 3
     costs = import_benchmark(monkeypatch, "_stages").stage_costs(cfg, inference_batch=4, envs_per_message=4)
     learner = ["learner: forward", "learner: losses", "learner: backward", "learner: optimiser"]
     assert list(costs) == [

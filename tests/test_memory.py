@@ -6,6 +6,7 @@ import torch
 from torchbeast_hydra.agent.models import make_model
 from torchbeast_hydra.backends import memory
 from torchbeast_hydra.backends.mono.settings import num_buffers
+from torchbeast_hydra.backends.settings import FORK_SERVER_BYTES
 from torchbeast_hydra.env.spaces import probe_env
 from torchbeast_hydra.errors import ConfigError
 from torchbeast_hydra.run.supervision import describe_exit
@@ -46,6 +47,17 @@ def test_what_the_estimate_counts():
     assert {"rollout queue", "env clients"} <= set(memory.estimate(cfg, spec, model).ram)
     cfg.backend.role = "env"
     assert set(memory.estimate(cfg, spec, model).ram) == {"env clients"}
+
+
+@pytest.mark.parametrize("backend, part", [("mono", "actors"), ("poly", "env clients")])
+def test_acting_processes_count_their_fork_server_once_and_their_own_memory_each(backend, part):
+    cfg, spec, model = estimate_for("experiment=cartpole", f"backend={backend}", "backend.num_actors=1")
+    one = memory.estimate(cfg, spec, model).ram[part]
+    cfg.backend.num_actors = 9
+    nine = memory.estimate(cfg, spec, model).ram[part]
+    own = (nine - one) / 8
+    assert 0 < own < 32 * 2**20  # forked: each only its own pages (a spawned one's imports were ~150 MB)
+    assert one >= FORK_SERVER_BYTES + own  # the imports they share, counted once
 
 
 def test_a_config_that_cannot_fit_is_refused_with_what_to_lower(monkeypatch):

@@ -49,6 +49,12 @@ class BackendConfig:
     vector_env: bool = True
 
 
+# The fork server that acting processes are forked from (run/supervision.py): Python, torch,
+# gymnasium and ale-py imported, pages they all share, counted once beside their own private
+# memory (each backend's settings). Calibrated on private pages (USS), which other processes on
+# the machine cannot change as they change PSS: 2026-11-30, a spawned actor or env client had
+# 142-156 MB of its own, a forked one 8-10 MB beside the server's shared ~160 MB.
+FORK_SERVER_BYTES = 160 * 1024**2
 MIN_ENVS = 16  # envs in all, at least: the Pong defaults' (and their learning curves') count
 
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from torchbeast_hydra.backends.settings import MIN_ENVS, BackendConfig
+from torchbeast_hydra.backends.settings import FORK_SERVER_BYTES, MIN_ENVS, BackendConfig
 from torchbeast_hydra.errors import require
 
 MiB = 1024**2
-# An actor process's private memory: Python, torch, gymnasium and ale-py imported, its CPU copy of
-# the policy at work (calibrated on peak PSS of whole runs: benchmarks/memory.py).
-ACTOR_PROCESS_BYTES = 160 * MiB
+# An actor process's own memory (its policy at work), beside the fork server's (FORK_SERVER_BYTES).
+ACTOR_PROCESS_BYTES = 24 * MiB
 
 
 @dataclass
@@ -68,5 +67,5 @@ def auto_actors(cores: int) -> tuple[int, int]:
 def memory(cfg, unroll_bytes: int, envs_bytes: int, weight_bytes: int) -> dict:
     """What mono keeps in RAM beside the learner (backends/memory.py): the shared rollout buffers,
     the actor processes with their envs (envs_bytes) and their shared copy of the weights."""
-    acting = cfg.backend.num_actors * ACTOR_PROCESS_BYTES + envs_bytes
+    acting = FORK_SERVER_BYTES + cfg.backend.num_actors * ACTOR_PROCESS_BYTES + envs_bytes
     return {"rollout buffers": num_buffers(cfg) * unroll_bytes, "actors": acting + weight_bytes}

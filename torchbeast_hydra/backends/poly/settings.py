@@ -7,13 +7,13 @@ import enum
 from dataclasses import dataclass
 from typing import Optional
 
-from torchbeast_hydra.backends.settings import BackendConfig
+from torchbeast_hydra.backends.settings import FORK_SERVER_BYTES, BackendConfig
 from torchbeast_hydra.errors import ConfigError, require
 
 MiB = 1024**2
-# An env client process's private memory: no model, no torch work (calibrated on peak PSS of
-# whole runs: benchmarks/memory.py).
-ENV_CLIENT_BYTES = 45 * MiB
+# An env client process's own memory (no model, no torch work), beside the fork server's
+# (FORK_SERVER_BYTES; a spawned client's imports made it ~156 MB, not the 45 once calibrated here).
+ENV_CLIENT_BYTES = 16 * MiB
 
 
 class PolyRole(enum.Enum):
@@ -151,7 +151,7 @@ def memory(cfg, unroll_bytes: int, envs_bytes: int, weight_bytes: int) -> dict:
     role=env: the env clients alone."""
     backend = cfg.backend
     role = PolyRole(backend.role)
-    clients = backend.num_actors * ENV_CLIENT_BYTES + envs_bytes
+    clients = FORK_SERVER_BYTES + backend.num_actors * ENV_CLIENT_BYTES + envs_bytes
     if role is PolyRole.env:
         return {"env clients": clients}
     in_progress = backend.num_actors * backend.envs_per_actor if role is PolyRole.all else 0
