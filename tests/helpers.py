@@ -262,7 +262,10 @@ def actor_pids(pid):
     helpers = []
     for child in children(pid):
         cmdline = _cmdline(child)
-        helpers += children(child) if "forkserver" in cmdline else [child] if "spawn_main" in cmdline else []
+        if "forkserver" in cmdline:
+            helpers += children(child)
+        elif "spawn_main" in cmdline:
+            helpers.append(child)
     return helpers
 
 

@@ -26,10 +26,9 @@ def process_context():
     platform has one (else spawn).
 
     A helper starts as clean as spawn's (no threads, locks or CUDA state of the learner's), but is
-    forked from one server process that imported torch and this package once: it starts in tenths
-    of a second instead of paying 2-3 s of CPU for its imports, and shares those pages with its
-    siblings. Like the modules, the environment variables are those of the moment the process
-    that starts helpers started its first one.
+    forked from one server process that imported torch and this package once: it does not pay
+    2-3 s of CPU for its imports, and shares those pages with its siblings. Like the modules, the
+    environment variables are the server's: those of the moment it started (start_fork_server).
     """
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
