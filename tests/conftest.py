@@ -27,6 +27,7 @@ from collections import Counter
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 import helpers
 from helpers import REPO, TESTS, TINY, cli_env, run_cli
@@ -138,6 +139,11 @@ _ORIGINALS = {
 
 
 def pytest_configure(config):
+    # One intra-op thread for the tests' own torch work. With the default (a thread a core), two
+    # xdist workers beside training processes oversubscribe the cores, and OpenMP's spinning
+    # threads turn a tiny LSTM pass from milliseconds into seconds. The processes the tests start
+    # set their own threads (backend.learner_torch_threads, inference_torch_threads).
+    torch.set_num_threads(1)
     subprocess.Popen.__init__ = _guarded_popen_init(subprocess.Popen.__init__)
     multiprocessing.process.BaseProcess.start = _guarded_process_start(multiprocessing.process.BaseProcess.start)
 
